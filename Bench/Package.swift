@@ -1,0 +1,60 @@
+// swift-tools-version: 6.1
+// Spindle's benchmarks, a package of their own so that users of the library
+// never build a benchmark dependency. `scripts/bench` (in the repository root)
+// builds and runs it; see the comment in Sources/BenchSupport/SideBySide.swift
+// for how benchmarks are named and how a new benchmark target is added.
+import PackageDescription
+
+let package = Package(
+    name: "SpindleBench",
+    dependencies: [
+        // The library under measurement, by path: the repository root.
+        .package(name: "Spindle", path: ".."),
+        // The harness. "MallocInterposer" is named so that the default traits
+        // (which would also need ordo-one/swift-runtime-interposer on Swift 6.3)
+        // are not taken; malloc metrics still work through the interposer.
+        .package(
+            url: "https://github.com/ordo-one/package-benchmark",
+            from: "1.38.1",
+            traits: ["MallocInterposer"]
+        ),
+        // Peers: NIOLock, measured beside Spindle's locks.
+        .package(url: "https://github.com/apple/swift-nio", from: "2.101.2"),
+    ],
+    targets: [
+        // Shared helpers: side-by-side registration and stable, padded memory.
+        .target(
+            name: "BenchSupport",
+            dependencies: [
+                .product(name: "Benchmark", package: "package-benchmark"),
+            ]
+        ),
+        // Turns package-benchmark's JMH export into the side-by-side table.
+        // Foundation only, so it builds and runs without the harness.
+        .executableTarget(name: "BenchReport"),
+    ],
+    swiftLanguageModes: [.v6]
+)
+
+// Benchmark targets: one folder per target under Benchmarks/, as the
+// BenchmarkPlugin requires. To add one, add its name here with the products
+// it measures; nothing else in the harness changes.
+let benchmarkTargets: [(name: String, dependencies: [Target.Dependency])] = [
+    ("Atomics", []),
+]
+
+for (name, dependencies) in benchmarkTargets {
+    package.targets.append(
+        .executableTarget(
+            name: name,
+            dependencies: [
+                "BenchSupport",
+                .product(name: "Benchmark", package: "package-benchmark"),
+            ] + dependencies,
+            path: "Benchmarks/\(name)",
+            plugins: [
+                .plugin(name: "BenchmarkPlugin", package: "package-benchmark"),
+            ]
+        )
+    )
+}

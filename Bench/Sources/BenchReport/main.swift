@@ -1,0 +1,469 @@
+// BenchReport: reads the JMH export of package-benchmark (`--format jmh`) and
+// prints Spindle's rows beside their peers, with each row's ratio to the
+// group's reference peer. Optionally writes the same rows as JSON records.
+//
+// The benchmark names follow the convention described in
+// Sources/BenchSupport/SideBySide.swift:
+//     <group>/<implementation>[ [ref]] (ops: N)
+// where N is the number of operations one measured iteration performs.
+//
+// Why JMH: of package-benchmark 1.38.1's export formats it is the one that
+// carries, in one JSON file for all targets, the exact 0th, 50th and 100th
+// percentiles of every metric of every benchmark, with the target and the
+// benchmark's name. Its quirks, which this tool undoes:
+// - spaces in names become "_" (the convention forbids "_" in names);
+// - time is in microseconds, rounded to 0.001 (1 ns per measured iteration,
+//   far finer than the operation once divided by N);
+// - per-iteration values, not per-operation: divided here by N from the tag;
+// - a benchmark without the throughput metric is left out (BenchSupport
+//   always measures it);
+// - a metric a benchmark does not measure may carry the previous benchmark's
+//   values (the exporter reuses one dictionary), so only metrics that every
+//   benchmark registered through BenchSupport measures should be asked for:
+//   wallClock (the default) and throughput.
+
+import Foundation
+
+// MARK: - Errors and usage
+
+struct ReportError: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+let usage = """
+    usage: BenchReport [--metric NAME] [--json PATH] INPUT...
+
+    Prints package-benchmark results side by side, one block per group,
+    Spindle's rows first, each with its ratio to the group's reference peer.
+
+    INPUT        a JMH export (swift package benchmark --format jmh), or a
+                 directory holding *.jmh.json files
+    --metric     the metric to report (default wallClock); one of
+                 \(MetricKind.known.map(\.name).joined(separator: ", "))
+    --json PATH  also write the rows to PATH as a JSON array of records with
+                 group, implementation, target, metric, unit, median, min, max,
+                 ratio, reference (times in ns per operation)
+    -h, --help   print this text
+    """
+
+func fail(_ message: String, exitCode: Int32 = 1) -> Never {
+    FileHandle.standardError.write(Data("BenchReport: error: \(message)\n".utf8))
+    exit(exitCode)
+}
+
+// MARK: - Metrics
+
+/// A metric of package-benchmark as it appears in the JMH export, and how a
+/// per-iteration value becomes a per-operation one.
+struct MetricKind {
+    enum Scaling {
+        /// A time: JMH gives µs per iteration; we report ns per operation.
+        case timePerOperation
+        /// A count that grows with the operations done: divide by N.
+        case countPerOperation
+        /// Throughput: JMH gives iterations per second; multiply by N.
+        case operationsPerSecond
+        /// A count that does not grow with the operations (peak memory, threads).
+        case unscaled
+    }
+
+    /// The name given on the command line and written to the JSON records.
+    let name: String
+    /// The key in JMH's secondaryMetrics (package-benchmark's description of
+    /// the metric), or nil for the primary metric (throughput).
+    let jmhKey: String?
+    let scaling: Scaling
+
+    var unit: String {
+        switch scaling {
+        case .timePerOperation: return "ns"
+        case .countPerOperation, .unscaled: return "#"
+        case .operationsPerSecond: return "ops/s"
+        }
+    }
+
+    // The descriptions are package-benchmark's `BenchmarkMetric.description`;
+    // which metrics scale with the iteration count follows its
+    // `useScalingFactor`.
+    static let known: [MetricKind] = [
+        MetricKind(name: "wallClock", jmhKey: "Time (wall clock)", scaling: .timePerOperation),
+        MetricKind(name: "cpuTotal", jmhKey: "Time (total CPU)", scaling: .timePerOperation),
+        MetricKind(name: "cpuUser", jmhKey: "Time (user CPU)", scaling: .timePerOperation),
+        MetricKind(name: "cpuSystem", jmhKey: "Time (system CPU)", scaling: .timePerOperation),
+        MetricKind(name: "throughput", jmhKey: nil, scaling: .operationsPerSecond),
+        MetricKind(name: "instructions", jmhKey: "Instructions", scaling: .countPerOperation),
+        MetricKind(name: "mallocCountTotal", jmhKey: "Malloc (total)", scaling: .countPerOperation),
+        MetricKind(name: "mallocCountSmall", jmhKey: "Malloc (small)", scaling: .countPerOperation),
+        MetricKind(name: "mallocCountLarge", jmhKey: "Malloc (large)", scaling: .countPerOperation),
+        MetricKind(name: "freeCountTotal", jmhKey: "Free (total)", scaling: .countPerOperation),
+        MetricKind(name: "mallocBytesCount", jmhKey: "Malloc (bytes total)", scaling: .countPerOperation),
+        MetricKind(name: "retainCount", jmhKey: "Retains", scaling: .countPerOperation),
+        MetricKind(name: "releaseCount", jmhKey: "Releases", scaling: .countPerOperation),
+        MetricKind(name: "syscalls", jmhKey: "Syscalls (total)", scaling: .countPerOperation),
+        MetricKind(name: "contextSwitches", jmhKey: "Context switches", scaling: .unscaled),
+        MetricKind(name: "threads", jmhKey: "Threads (peak)", scaling: .unscaled),
+        MetricKind(name: "peakMemoryResident", jmhKey: "Memory (resident peak)", scaling: .unscaled),
+    ]
+
+    static func named(_ name: String) -> MetricKind? {
+        known.first { $0.name == name }
+    }
+}
+
+// MARK: - The JMH export (only the fields used here)
+
+struct JMHMetric: Decodable {
+    let scorePercentiles: [String: Double]
+    let scoreUnit: String
+}
+
+struct JMHElement: Decodable {
+    let benchmark: String
+    let primaryMetric: JMHMetric
+    let secondaryMetrics: [String: JMHMetric]?
+}
+
+// MARK: - Names
+
+/// A benchmark name taken apart by the convention.
+struct RowName {
+    let target: String
+    let group: String
+    let implementation: String
+    let isReference: Bool
+    let operationsPerIteration: Double
+
+    var isSpindle: Bool {
+        implementation == "Spindle" || implementation.hasPrefix("Spindle.")
+    }
+
+    /// Parses "package.benchmark.<target>.<name with spaces as _>".
+    init(jmhBenchmark: String) throws {
+        let prefix = "package.benchmark."
+        guard jmhBenchmark.hasPrefix(prefix) else {
+            throw ReportError("benchmark '\(jmhBenchmark)': expected a name starting with '\(prefix)'")
+        }
+        let rest = jmhBenchmark.dropFirst(prefix.count)
+        guard let dot = rest.firstIndex(of: ".") else {
+            throw ReportError("benchmark '\(jmhBenchmark)': no target before the name")
+        }
+        target = String(rest[..<dot])
+        var name = rest[rest.index(after: dot)...].replacingOccurrences(of: "_", with: " ")
+        let shown = name
+
+        // Tags, appended by package-benchmark: " (key: value, key: value)".
+        var tags: [String: String] = [:]
+        if name.hasSuffix(")"), let open = name.range(of: " (", options: .backwards) {
+            let list = name[open.upperBound..<name.index(before: name.endIndex)]
+            for pair in list.components(separatedBy: ", ") {
+                let parts = pair.components(separatedBy: ": ")
+                guard parts.count == 2 else {
+                    throw ReportError("benchmark '\(shown)' in \(target): cannot read tag '\(pair)'")
+                }
+                tags[parts[0]] = parts[1]
+            }
+            name = String(name[..<open.lowerBound])
+        }
+        guard let opsText = tags["ops"], let ops = Double(opsText), ops >= 1 else {
+            throw ReportError(
+                "benchmark '\(shown)' in \(target): no '(ops: N)' tag; register benchmarks with BenchSupport's sideBySide")
+        }
+        operationsPerIteration = ops
+
+        isReference = name.hasSuffix(" [ref]")
+        if isReference {
+            name = String(name.dropLast(" [ref]".count))
+        }
+        guard let slash = name.lastIndex(of: "/"), slash != name.startIndex,
+              name.index(after: slash) != name.endIndex
+        else {
+            throw ReportError("benchmark '\(shown)' in \(target): name is not '<group>/<implementation>'")
+        }
+        group = String(name[..<slash])
+        implementation = String(name[name.index(after: slash)...])
+    }
+}
+
+// MARK: - Rows
+
+struct Row {
+    let name: RowName
+    let metric: MetricKind
+    /// Per operation, in the metric's unit (ns for times).
+    let median: Double
+    let min: Double
+    let max: Double
+    var ratio: Double = .nan
+}
+
+func makeRow(_ element: JMHElement, metric: MetricKind) throws -> Row {
+    let name = try RowName(jmhBenchmark: element.benchmark)
+    let source: JMHMetric
+    if let key = metric.jmhKey {
+        guard let found = element.secondaryMetrics?[key] else {
+            throw ReportError(
+                "benchmark '\(name.group)/\(name.implementation)' in \(name.target) has no '\(key)' metric")
+        }
+        source = found
+    } else {
+        source = element.primaryMetric
+    }
+
+    func percentile(_ key: String) throws -> Double {
+        guard let value = source.scorePercentiles[key] else {
+            throw ReportError(
+                "benchmark '\(name.group)/\(name.implementation)': no \(key)th percentile in the export")
+        }
+        switch metric.scaling {
+        case .timePerOperation:
+            guard source.scoreUnit == "μs" || source.scoreUnit == "µs" || source.scoreUnit == "us" else {
+                throw ReportError("metric \(metric.name): expected microseconds, the export says '\(source.scoreUnit)'")
+            }
+            return value * 1_000 / name.operationsPerIteration
+        case .countPerOperation:
+            return value / name.operationsPerIteration
+        case .operationsPerSecond:
+            return value * name.operationsPerIteration
+        case .unscaled:
+            return value
+        }
+    }
+    return Row(
+        name: name,
+        metric: metric,
+        median: try percentile("50.0"),
+        min: try percentile("0.0"),
+        max: try percentile("100.0")
+    )
+}
+
+/// Groups rows, orders them (groups by name; in a group Spindle's rows, then
+/// the reference, then the other peers) and fills in the ratios.
+func arrange(_ rows: [Row]) throws -> [(group: String, rows: [Row])] {
+    var byGroup: [String: [Row]] = [:]
+    for row in rows {
+        byGroup[row.name.group, default: []].append(row)
+    }
+    var result: [(group: String, rows: [Row])] = []
+    for group in byGroup.keys.sorted() {
+        var members = byGroup[group]!
+        let references = members.filter(\.name.isReference)
+        guard references.count == 1 else {
+            let names = members.map(\.name.implementation).joined(separator: ", ")
+            throw ReportError(references.isEmpty
+                ? "group '\(group)' has no reference peer (rows: \(names)); mark one with ' [ref]'"
+                : "group '\(group)' has \(references.count) reference peers; exactly one is allowed")
+        }
+        var seen: Set<String> = []
+        for member in members where !seen.insert(member.name.implementation).inserted {
+            throw ReportError("group '\(group)' has two rows named '\(member.name.implementation)'")
+        }
+        let reference = references[0].median
+        for index in members.indices {
+            members[index].ratio = members[index].name.isReference ? 1 : members[index].median / reference
+        }
+        func rank(_ row: Row) -> Int {
+            row.name.isSpindle ? 0 : row.name.isReference ? 1 : 2
+        }
+        members.sort { (rank($0), $0.name.implementation) < (rank($1), $1.name.implementation) }
+        result.append((group, members))
+    }
+    return result
+}
+
+// MARK: - Output
+
+/// A unit for showing a group's times: the largest whose value for the
+/// reference is at least 1.
+func displayUnit(for rows: [Row]) -> (name: String, divisor: Double) {
+    guard let metric = rows.first?.metric, metric.scaling == .timePerOperation,
+          let reference = rows.first(where: \.name.isReference)?.median
+    else {
+        return (rows.first?.metric.unit ?? "", 1)
+    }
+    for (name, divisor) in [("s", 1e9), ("ms", 1e6), ("µs", 1e3)] where reference >= divisor {
+        return (name, divisor)
+    }
+    return ("ns", 1)
+}
+
+/// Three significant digits, at most three decimals, no exponent.
+func formatted(_ value: Double) -> String {
+    guard value.isFinite else { return "-" }
+    let magnitude = abs(value)
+    let decimals = magnitude >= 100 ? 0 : magnitude >= 10 ? 1 : magnitude >= 1 ? 2 : 3
+    return String(format: "%.\(decimals)f", value)
+}
+
+func padded(_ text: String, _ width: Int, right: Bool = true) -> String {
+    let gap = String(repeating: " ", count: Swift.max(0, width - text.count))
+    return right ? gap + text : text + gap
+}
+
+func printTable(_ groups: [(group: String, rows: [Row])], metric: MetricKind) {
+    let header = ["median", "min", "max", "unit", "ratio"]
+    var cells: [[String]] = []
+    for (_, rows) in groups {
+        let unit = displayUnit(for: rows)
+        for row in rows {
+            cells.append([
+                formatted(row.median / unit.divisor), formatted(row.min / unit.divisor),
+                formatted(row.max / unit.divisor), unit.name, String(format: "%.2f", row.ratio),
+            ])
+        }
+    }
+    let labels = groups.flatMap { group in
+        group.rows.map { "  " + $0.name.implementation + ($0.name.isReference ? " [ref]" : "") }
+    }
+    let labelWidth = (groups.map(\.group.count) + labels.map(\.count)).max() ?? 0
+    var widths = header.map(\.count)
+    for row in cells {
+        for (column, cell) in row.enumerated() {
+            widths[column] = Swift.max(widths[column], cell.count)
+        }
+    }
+    func line(_ label: String, _ columns: [String]) -> String {
+        var text = padded(label, labelWidth, right: false)
+        for (column, cell) in columns.enumerated() {
+            text += "  " + padded(cell, widths[column], right: column != 3)
+        }
+        return text
+    }
+
+    print("\(metric.name), per operation; ratio = median / reference peer's median (below 1: faster than the peer)")
+    var index = 0
+    for (group, rows) in groups {
+        print("")
+        print(line(group, header))
+        for _ in rows {
+            print(line(labels[index], cells[index]))
+            index += 1
+        }
+    }
+}
+
+struct Record: Encodable {
+    let group: String
+    let implementation: String
+    let target: String
+    let metric: String
+    let unit: String
+    let median: Double
+    let min: Double
+    let max: Double
+    let ratio: Double
+    let reference: Bool
+}
+
+func writeJSON(_ groups: [(group: String, rows: [Row])], to path: String) throws {
+    func rounded(_ value: Double) -> Double { (value * 10_000).rounded() / 10_000 }
+    let records = groups.flatMap { group in
+        group.rows.map { row in
+            Record(
+                group: row.name.group, implementation: row.name.implementation, target: row.name.target,
+                metric: row.metric.name, unit: row.metric.unit,
+                median: rounded(row.median), min: rounded(row.min), max: rounded(row.max),
+                ratio: rounded(row.ratio), reference: row.name.isReference
+            )
+        }
+    }
+    let encoder = JSONEncoder()
+    encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
+    var data = try encoder.encode(records)
+    data.append(Data("\n".utf8))
+    do {
+        try data.write(to: URL(fileURLWithPath: path), options: .atomic)
+    } catch {
+        throw ReportError("cannot write \(path): \(error.localizedDescription)")
+    }
+}
+
+// MARK: - Main
+
+func inputFiles(_ paths: [String]) throws -> [String] {
+    var files: [String] = []
+    for path in paths {
+        var isDirectory: ObjCBool = false
+        guard FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory) else {
+            throw ReportError("no such file or directory: \(path)")
+        }
+        if isDirectory.boolValue {
+            let found = try FileManager.default.contentsOfDirectory(atPath: path)
+                .filter { $0.hasSuffix(".jmh.json") }
+                .sorted()
+                .map { (path as NSString).appendingPathComponent($0) }
+            guard !found.isEmpty else {
+                throw ReportError("no *.jmh.json file in \(path): did the benchmark run write its export there?")
+            }
+            files += found
+        } else {
+            files.append(path)
+        }
+    }
+    return files
+}
+
+func run(_ arguments: [String]) throws {
+    var metricName = "wallClock"
+    var jsonPath: String?
+    var inputs: [String] = []
+    var remaining = arguments[...]
+    while let argument = remaining.popFirst() {
+        switch argument {
+        case "-h", "--help":
+            print(usage)
+            return
+        case "--metric", "--json":
+            guard let value = remaining.popFirst() else {
+                fail("\(argument) needs a value\n\(usage)", exitCode: 2)
+            }
+            if argument == "--metric" { metricName = value } else { jsonPath = value }
+        case _ where argument.hasPrefix("-"):
+            fail("unknown option \(argument)\n\(usage)", exitCode: 2)
+        default:
+            inputs.append(argument)
+        }
+    }
+    guard !inputs.isEmpty else {
+        fail("no input given\n\(usage)", exitCode: 2)
+    }
+    guard let metric = MetricKind.named(metricName) else {
+        fail("unknown metric '\(metricName)'; known: \(MetricKind.known.map(\.name).joined(separator: ", "))",
+             exitCode: 2)
+    }
+
+    var rows: [Row] = []
+    for file in try inputFiles(inputs) {
+        let data: Data
+        do {
+            data = try Data(contentsOf: URL(fileURLWithPath: file))
+        } catch {
+            throw ReportError("cannot read \(file): \(error.localizedDescription)")
+        }
+        let elements: [JMHElement]
+        do {
+            elements = try JSONDecoder().decode([JMHElement].self, from: data)
+        } catch {
+            throw ReportError("\(file) is not a JMH export of package-benchmark: \(error)")
+        }
+        rows += try elements.map { try makeRow($0, metric: metric) }
+    }
+    guard !rows.isEmpty else {
+        throw ReportError("no benchmark results in \(inputs.joined(separator: ", ")) (did the filter match nothing?)")
+    }
+
+    let groups = try arrange(rows)
+    printTable(groups, metric: metric)
+    if let jsonPath {
+        try writeJSON(groups, to: jsonPath)
+    }
+}
+
+do {
+    try run(Array(CommandLine.arguments.dropFirst()))
+} catch let error as ReportError {
+    fail(error.description)
+} catch {
+    fail("\(error)")
+}

@@ -1,0 +1,1 @@
+#include <liburing.h>

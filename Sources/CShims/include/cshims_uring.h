@@ -1,0 +1,39 @@
+// io_uring through liburing. The ring is opaque here; the Ring layer builds on
+// these calls. Every function returns 0 or -errno unless stated.
+#ifndef CSHIMS_URING_H
+#define CSHIMS_URING_H
+
+#include <stdint.h>
+
+typedef struct cshims_uring cshims_uring;
+
+// liburing's headers predate these opcodes (Debian bookworm ships 2.3); their
+// values are fixed by the kernel ABI (include/uapi/linux/io_uring.h, 6.7+).
+#define CSHIMS_IORING_OP_FUTEX_WAIT 51
+#define CSHIMS_IORING_OP_FUTEX_WAKE 52
+
+// Sets up a ring with `entries` submission slots. On failure returns NULL and
+// stores -errno in *error: -EPERM when a seccomp profile or
+// kernel.io_uring_disabled refuses, -ENOSYS on a kernel without io_uring,
+// -ENOMEM when the locked-memory limit is too small.
+cshims_uring *cshims_uring_create(unsigned entries, unsigned flags, int *error);
+void cshims_uring_destroy(cshims_uring *ring);
+
+// The ring's file descriptor.
+int cshims_uring_fd(const cshims_uring *ring);
+
+// 1 if the kernel supports `opcode` on this ring, 0 if not, -errno if the
+// probe itself failed (kernels before 5.6 cannot be probed: -EINVAL).
+int cshims_uring_opcode_supported(cshims_uring *ring, int opcode);
+
+// Queues and submits a relative timeout of `ns` nanoseconds tagged
+// `user_data`. Returns the number submitted (1) or -errno (-EBUSY if the
+// submission queue is full).
+int cshims_uring_submit_timeout(cshims_uring *ring, int64_t ns, uint64_t user_data);
+
+// Waits for one completion, then consumes it: stores its user_data and result
+// (a -errno of the operation, e.g. -ETIME for an expired timeout). Returns 0
+// or -errno of the wait (-EINTR is passed up; the caller retries).
+int cshims_uring_wait_completion(cshims_uring *ring, uint64_t *user_data, int32_t *result);
+
+#endif // CSHIMS_URING_H

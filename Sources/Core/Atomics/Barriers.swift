@@ -1,0 +1,72 @@
+import CShims
+
+// Memory barriers. A barrier orders memory accesses on its own; it is not
+// tied to a particular word the way an atomic's ordering is.
+//
+// ThreadSanitizer models atomics, not fences: it does not see
+// `memoryBarrier()`, `loadBarrier()` or `storeBarrier()` (inline assembly)
+// and ignores `acquireBarrier()`/`releaseBarrier()`. Code that relies on
+// them for correctness will be reported as racy; Spindle's own primitives
+// order through atomic operations instead.
+
+/// A full hardware memory barrier (the guide's `OSMemoryBarrier`): every load
+/// and store before it is performed before any load or store after it, as
+/// seen by every other CPU. This is the only barrier that orders an earlier
+/// store before a later load. Also a compiler barrier. Does not block.
+///
+/// x86_64 `mfence`; AArch64 `dmb ish`.
+@inlinable
+public func memoryBarrier() {
+    cshims_barrier_full()
+}
+
+/// A hardware load barrier: loads before it are performed before loads after
+/// it. x86_64 `lfence` (ordinary x86 loads are already ordered; it matters for
+/// weakly ordered memory and as a speculation barrier); AArch64 `dmb ishld`,
+/// which also keeps earlier loads before later stores. Does not block.
+@inlinable
+public func loadBarrier() {
+    cshims_barrier_load()
+}
+
+/// A hardware store barrier: stores before it become visible before stores
+/// after it. x86_64 `sfence` (ordinary x86 stores are already ordered; it
+/// matters for non-temporal stores); AArch64 `dmb ishst`. Does not block.
+@inlinable
+public func storeBarrier() {
+    cshims_barrier_store()
+}
+
+/// An acquire fence: loads before it are not reordered with any load or store
+/// after it. Pairs with a `releaseBarrier()` (or a releasing atomic) in the
+/// thread that wrote what a load before this fence read. Free on x86_64
+/// (compiler barrier only); `dmb ishld` on AArch64. Does not block.
+@inlinable
+public func acquireBarrier() {
+    cshims_fence(Int32(CSHIMS_ORDER_ACQUIRE.rawValue))
+}
+
+/// A release fence: loads and stores before it are not reordered with any
+/// store after it. Pairs with an `acquireBarrier()` (or an acquiring atomic)
+/// in the thread that reads what a store after this fence wrote. Free on
+/// x86_64 (compiler barrier only); `dmb ish` on AArch64. Does not block.
+@inlinable
+public func releaseBarrier() {
+    cshims_fence(Int32(CSHIMS_ORDER_RELEASE.rawValue))
+}
+
+/// A compiler barrier: the compiler keeps memory accesses on their side of
+/// it, but the CPU may still reorder them. Emits no instruction. Useful
+/// against a signal handler on the same thread. Does not block.
+@inlinable
+public func compilerBarrier() {
+    cshims_barrier_compiler()
+}
+
+/// Tells the CPU the caller is in a spin-wait loop: x86_64 `pause`, AArch64
+/// `isb` (see `cshims_atomic.h` for why not `yield`). Delays the caller for a
+/// few tens of cycles; never blocks or yields the CPU to another thread.
+@inlinable
+public func spinLoopHint() {
+    cshims_spin_hint()
+}
