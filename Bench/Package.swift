@@ -37,16 +37,18 @@ let package = Package(
 )
 
 // Benchmark targets: one folder per target under Benchmarks/, as the
-// BenchmarkPlugin requires. To add one, add its name here with the products
-// it measures; nothing else in the harness changes.
+// BenchmarkPlugin requires. The folder is Benchmarks/<Name> and the target
+// <Name>Benchmarks (a bare "Atomics" would clash with swift-atomics' module,
+// which package-benchmark depends on). To add one, add its name here with the
+// products it measures; nothing else in the harness changes.
 let benchmarkTargets: [(name: String, dependencies: [Target.Dependency])] = [
-    ("Atomics", []),
+    ("Atomics", [.product(name: "Spindle", package: "Spindle")]),
 ]
 
 for (name, dependencies) in benchmarkTargets {
     package.targets.append(
         .executableTarget(
-            name: name,
+            name: "\(name)Benchmarks",
             dependencies: [
                 "BenchSupport",
                 .product(name: "Benchmark", package: "package-benchmark"),
