@@ -1,0 +1,77 @@
+/// A mutual-exclusion lock on a futex: Spindle's `NSLock` / `pthread_mutex_t`.
+///
+/// - Uncontended, `lock()` and `unlock()` are one atomic compare-and-swap each,
+///   inlined into the caller; no system call.
+/// - Contended, a thread spins briefly (only while nobody is asleep on the
+///   lock, so an oversubscribed machine does not burn its cores), then sleeps
+///   in the kernel (`futex(FUTEX_WAIT_BITSET)`) until an `unlock` wakes it.
+/// - Eventually fair: the lock normally goes to whichever thread grabs it
+///   first (the fastest policy), but at most every `fairnessInterval` (1 ms on average) an
+///   `unlock` that finds sleepers hands the lock directly to the thread that
+///   has slept longest (the futex queue is first-in first-out), so no thread
+///   starves however busy the lock is.
+/// - Deadlines on the monotonic clock (`lock(before:)`, `lock(timeout:)`).
+///
+/// `Lock` is a handle: copies share one lock. The lock word lives in a
+/// 28-byte heap object (32 with malloc's rounding; `NSLock` takes 80) that never moves.
+///
+/// Memory: acquiring orders like an acquire, `unlock` like a release (see
+/// `Locking`). Misuse: `unlock()` of a lock that is not locked stops the
+/// process with a message. Unlocking from a thread other than the holder is
+/// not detected (tracking the owner would cost the fast path); use
+/// `RecursiveLock` when you want ownership checked. Not recursive: locking it
+/// again on the thread that holds it deadlocks.
+public struct Lock: Locking, @unchecked Sendable {
+    // @unchecked: the storage is only touched through atomics on the lock
+    // word and, for the hand-off time, by the thread holding the lock.
+
+    /// How often, on average, a busy lock hands itself to its longest sleeper.
+    public static var fairnessInterval: Duration { FutexMutex.fairnessInterval }
+
+    @usableFromInline
+    final class Storage: ManagedBuffer<Int64, UInt32> {}
+    // Header: the next hand-off time; one tail element: the lock word.
+    // 16 (object header) + 8 + 4 = 28 bytes on the heap.
+
+    @usableFromInline let storage: Storage
+    @usableFromInline let mutex: FutexMutex
+
+    /// A new, unlocked lock.
+    public init() {
+        let buffer = Storage.create(minimumCapacity: 1) { _ in 0 }
+        storage = unsafeDowncast(buffer, to: Storage.self)
+        let word = storage.withUnsafeMutablePointerToElements { $0 }
+        word.initialize(to: 0)
+        mutex = FutexMutex(word: word, nextHandoff: storage.withUnsafeMutablePointerToHeader { $0 })
+    }
+
+    /// The raw lock word, for tests and diagnostics: 0 when idle.
+    public var wordValue: UInt32 { AtomicMemory.load(from: mutex.word, ordering: .relaxed) }
+
+    /// Acquires the lock, sleeping while another thread holds it.
+    /// Blocks. Acquire ordering. Deadlocks if the caller already holds it.
+    @inlinable
+    public func lock() { mutex.lock() }
+
+    /// Acquires the lock if it is free now. Never blocks. Acquire ordering on
+    /// success. Returns false while another thread holds it (also while a
+    /// hand-off to a sleeper is pending).
+    @inlinable
+    public func tryLock() -> Bool { mutex.tryLock() }
+
+    /// Acquires the lock, sleeping at most until `deadline`. Returns whether
+    /// it acquired. Blocks. Acquire ordering on success.
+    @inlinable
+    public func lock(before deadline: MonotonicClock.Instant) -> Bool { mutex.lock(before: deadline) }
+
+    /// Releases the lock, waking a sleeper if there is one. Never blocks; a
+    /// system call only when a thread sleeps on the lock. Release ordering.
+    /// Stops the process with a message if the lock is not locked.
+    @inlinable
+    public func unlock() { mutex.unlock() }
+}
+
+extension Lock: Equatable {
+    /// Two handles are equal when they are the same lock.
+    public static func == (a: Lock, b: Lock) -> Bool { a.storage === b.storage }
+}

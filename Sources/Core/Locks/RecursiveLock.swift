@@ -1,0 +1,124 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A lock the holding thread may take again: Spindle's `NSRecursiveLock`.
+///
+/// Each `lock()` by the holder must be balanced by an `unlock()`; the lock is
+/// released to other threads when the count returns to zero. Underneath is
+/// the same futex mutex as `Lock` (spin briefly, then sleep; eventually fair),
+/// plus the owning thread's identity and a depth count.
+///
+/// Memory: the first acquisition acquires, the last unlock releases (see
+/// `Locking`); nested ones order nothing more. Misuse: `unlock()` from a
+/// thread that does not hold the lock stops the process with a message
+/// naming the problem. `RecursiveLock` is a handle: copies share one lock.
+public struct RecursiveLock: Locking, @unchecked Sendable {
+    // @unchecked: `owner` is accessed atomically; `depth` and the hand-off
+    // time only by the thread holding the mutex.
+
+    @usableFromInline
+    struct Header {
+        @usableFromInline var nextHandoff: Int64
+        /// `pthread_self()` of the holder, or 0. Atomic: other threads read it.
+        @usableFromInline var owner: UInt
+        /// How many times the holder has locked. Only the holder touches it.
+        @usableFromInline var depth: Int
+    }
+
+    @usableFromInline
+    final class Storage: ManagedBuffer<Header, UInt32> {}
+
+    @usableFromInline let storage: Storage
+    @usableFromInline let mutex: FutexMutex
+    @usableFromInline let owner: UnsafeMutablePointer<UInt>
+    @usableFromInline let depth: UnsafeMutablePointer<Int>
+
+    /// A new, unlocked recursive lock.
+    public init() {
+        let buffer = Storage.create(minimumCapacity: 1) { _ in Header(nextHandoff: 0, owner: 0, depth: 0) }
+        storage = unsafeDowncast(buffer, to: Storage.self)
+        let word = storage.withUnsafeMutablePointerToElements { $0 }
+        word.initialize(to: 0)
+        let header = storage.withUnsafeMutablePointerToHeader { UnsafeMutableRawPointer($0) }
+        mutex = FutexMutex(
+            word: word,
+            nextHandoff: (header + MemoryLayout<Header>.offset(of: \.nextHandoff)!).assumingMemoryBound(to: Int64.self))
+        owner = (header + MemoryLayout<Header>.offset(of: \.owner)!).assumingMemoryBound(to: UInt.self)
+        depth = (header + MemoryLayout<Header>.offset(of: \.depth)!).assumingMemoryBound(to: Int.self)
+    }
+
+    /// The calling thread's identity.
+    @inlinable
+    static var me: UInt { UInt(bitPattern: Int(bitPattern: pthread_self())) }
+
+    /// Whether the calling thread holds the lock. Never blocks.
+    @inlinable
+    public var isHeldByCurrentThread: Bool {
+        // Relaxed is enough: only this thread ever stores its own identity.
+        AtomicMemory.load(from: owner, ordering: .relaxed) == Self.me
+    }
+
+    /// The raw lock word, for tests and diagnostics: 0 when idle.
+    public var wordValue: UInt32 { AtomicMemory.load(from: mutex.word, ordering: .relaxed) }
+
+    /// Acquires the lock, or deepens it if this thread already holds it.
+    /// Blocks while another thread holds it.
+    @inlinable
+    public func lock() {
+        let me = Self.me
+        if AtomicMemory.load(from: owner, ordering: .relaxed) == me {
+            depth.pointee += 1
+            return
+        }
+        mutex.lock()
+        took(me)
+    }
+
+    /// Acquires or deepens the lock if possible without blocking.
+    @inlinable
+    public func tryLock() -> Bool {
+        let me = Self.me
+        if AtomicMemory.load(from: owner, ordering: .relaxed) == me {
+            depth.pointee += 1
+            return true
+        }
+        guard mutex.tryLock() else { return false }
+        took(me)
+        return true
+    }
+
+    /// Acquires or deepens the lock, blocking at most until `deadline`.
+    @inlinable
+    public func lock(before deadline: MonotonicClock.Instant) -> Bool {
+        let me = Self.me
+        if AtomicMemory.load(from: owner, ordering: .relaxed) == me {
+            depth.pointee += 1
+            return true
+        }
+        guard mutex.lock(before: deadline) else { return false }
+        took(me)
+        return true
+    }
+
+    /// Undoes one `lock()`; the last one releases the lock to other threads.
+    /// Never blocks. Stops the process with a message when the calling thread
+    /// does not hold the lock.
+    @inlinable
+    public func unlock() {
+        require(
+            AtomicMemory.load(from: owner, ordering: .relaxed) == Self.me,
+            "RecursiveLock.unlock(): the calling thread does not hold this lock (unlocked on another thread, or more unlocks than locks)")
+        depth.pointee -= 1
+        if depth.pointee == 0 {
+            AtomicMemory.store(0, to: owner, ordering: .relaxed)
+            mutex.unlock()
+        }
+    }
+
+    @inlinable
+    func took(_ me: UInt) {
+        AtomicMemory.store(me, to: owner, ordering: .relaxed)
+        depth.pointee = 1
+    }
+}
