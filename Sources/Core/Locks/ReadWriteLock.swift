@@ -31,21 +31,26 @@ public struct ReadWriteLock: Locking, @unchecked Sendable {
 
     @usableFromInline
     final class Storage: ManagedBuffer<Void, UInt32> {}
-    // Two tail words: [0] the state, [1] the writers' wake-up counter.
+    // Three tail words: [0] the state, [1] the writers' wake-up counter,
+    // [2] how many writers are in the slow path waiting.
 
     @usableFromInline let storage: Storage
     @usableFromInline let state: UnsafeMutablePointer<UInt32>
     /// Bumped before every writer wake-up, so a writer about to sleep can
     /// tell that a wake-up raced with it.
     @usableFromInline let writerWake: UnsafeMutablePointer<UInt32>
+    /// Writers waiting in the slow path; the last one to give up clears
+    /// `writersWaiting` so readers are not left queued behind nobody.
+    @usableFromInline let waitingWriters: UnsafeMutablePointer<UInt32>
 
     /// A new, unlocked read-write lock.
     public init() {
-        let buffer = Storage.create(minimumCapacity: 2) { _ in }
+        let buffer = Storage.create(minimumCapacity: 3) { _ in }
         storage = unsafeDowncast(buffer, to: Storage.self)
         state = storage.withUnsafeMutablePointerToElements { $0 }
-        state.initialize(repeating: 0, count: 2)
+        state.initialize(repeating: 0, count: 3)
         writerWake = state + 1
+        waitingWriters = state + 2
     }
 
     /// The raw state word, for tests and diagnostics: 0 when idle.
@@ -231,16 +236,19 @@ extension ReadWriteLock {
     @inline(never)
     func writeLockContended(deadline: MonotonicClock.Instant) -> Bool {
         var spins = 0
-        var hasSlept = false
+        var registered = false
         var s = AtomicMemory.load(from: state, ordering: .relaxed)
         while true {
             if s & Self.mask == 0 {
-                // A writer that has slept keeps `writersWaiting` set when it
-                // takes the lock: other writers may still sleep, and its
-                // unlock must then look for them.
-                let desired = s | Self.writeLocked | (hasSlept ? Self.writersWaiting : 0)
+                // Keep `writersWaiting` set while other writers still wait,
+                // so this writer's unlock looks for them.
+                let others = AtomicMemory.load(from: waitingWriters, ordering: .sequentiallyConsistent) > (registered ? 1 : 0)
+                let desired = (s & ~Self.writersWaiting) | Self.writeLocked | (others ? Self.writersWaiting : 0)
                 let r = AtomicMemory.compareExchange(expected: s, desired: desired, at: state, ordering: .acquiring)
-                if r.exchanged { return true }
+                if r.exchanged {
+                    if registered { AtomicMemory.decrement(waitingWriters, ordering: .sequentiallyConsistent) }
+                    return true
+                }
                 s = r.original
                 continue
             }
@@ -250,13 +258,17 @@ extension ReadWriteLock {
                 s = AtomicMemory.load(from: state, ordering: .relaxed)
                 continue
             }
+            if !registered {
+                AtomicMemory.increment(waitingWriters, ordering: .sequentiallyConsistent)
+                registered = true
+            }
             if s & Self.writersWaiting == 0 {
                 let r = AtomicMemory.compareExchange(expected: s, desired: s | Self.writersWaiting, at: state, ordering: .relaxed)
                 if !r.exchanged { s = r.original; continue }
             }
-            // Read the wake counter, then re-check the state: an unlock that
-            // happens after the check bumps the counter, so the wait below
-            // returns at once instead of missing it.
+            // Read the wake counter, then re-check the state: an unlock (or a
+            // writer giving up) after the check bumps the counter, so the
+            // wait below returns at once instead of missing it.
             let seen = AtomicMemory.load(from: writerWake, ordering: .acquiring)
             s = AtomicMemory.load(from: state, ordering: .relaxed)
             if s & Self.mask == 0 || s & Self.writersWaiting == 0 { continue }
@@ -265,7 +277,6 @@ extension ReadWriteLock {
                 return false
             }
             let result = Futex(writerWake).wait(expecting: seen, until: deadline)
-            hasSlept = true
             s = AtomicMemory.load(from: state, ordering: .relaxed)
             if result == .timedOut && s & Self.mask != 0 {
                 giveUpWriting()
@@ -274,14 +285,25 @@ extension ReadWriteLock {
         }
     }
 
-    /// A writer gives up waiting. If it leaves `writersWaiting` set on a lock
-    /// nobody holds, readers that queued behind it would sleep with no one to
-    /// wake them, so it does the waking an unlock would have done.
+    /// A registered writer stops waiting. The last one out clears
+    /// `writersWaiting` (nobody is left for readers to defer to), nudges any
+    /// writer that registered meanwhile so it sets the flag again, and lets
+    /// in the readers that queued behind the flag.
     @usableFromInline
     func giveUpWriting() {
-        let s = AtomicMemory.load(from: state, ordering: .relaxed)
-        if s & Self.mask == 0 && s & (Self.readersWaiting | Self.writersWaiting) != 0 {
-            wakeWriterOrReaders(s)
+        guard AtomicMemory.decrement(waitingWriters, ordering: .sequentiallyConsistent) == 0 else { return }
+        var s = AtomicMemory.load(from: state, ordering: .relaxed)
+        while s & Self.writersWaiting != 0 {
+            let r = AtomicMemory.compareExchange(expected: s, desired: s & ~Self.writersWaiting, at: state, ordering: .relaxed)
+            if r.exchanged { s &= ~Self.writersWaiting; break }
+            s = r.original
+        }
+        AtomicMemory.add(1, to: writerWake, ordering: .releasing)
+        Futex(writerWake).wakeAll()
+        while s & Self.readersWaiting != 0 && s & Self.mask != Self.writeLocked {
+            let r = AtomicMemory.compareExchange(expected: s, desired: s & ~Self.readersWaiting, at: state, ordering: .relaxed)
+            if r.exchanged { Futex(state).wakeAll(); break }
+            s = r.original
         }
     }
 

@@ -1,0 +1,305 @@
+import Spindle
+import Testing
+import TestSupport
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A plain counter that a lock protects; deliberately not atomic.
+final class Guarded: @unchecked Sendable {
+    // @unchecked: every access happens under the lock the test is about.
+    var value = 0
+}
+
+/// Every `Locking` type through the common contract.
+enum AnyTestLock: CustomStringConvertible, CaseIterable {
+    case lock, recursive, spin, readWrite
+    func make() -> any Locking {
+        switch self {
+        case .lock: Lock()
+        case .recursive: RecursiveLock()
+        case .spin: SpinLock()
+        case .readWrite: ReadWriteLock()
+        }
+    }
+    var description: String {
+        switch self {
+        case .lock: "Lock"
+        case .recursive: "RecursiveLock"
+        case .spin: "SpinLock"
+        case .readWrite: "ReadWriteLock"
+        }
+    }
+}
+
+@Suite("Locking contract")
+struct LockingContractTests {
+    @Test(arguments: AnyTestLock.allCases)
+    func tryLockFailsWhileHeldElsewhere(kind: AnyTestLock) {
+        let lock = kind.make()
+        #expect(lock.tryLock())
+        let join = startThread {
+            #expect(!lock.tryLock(), "another thread holds it")
+            #expect(!lock.lock(timeout: .milliseconds(5)))
+        }
+        join()
+        lock.unlock()
+        let join2 = startThread {
+            #expect(lock.tryLock())
+            lock.unlock()
+        }
+        join2()
+    }
+
+    /// Only the lower bound is asserted.
+    @Test(arguments: AnyTestLock.allCases)
+    func deadlineIsHonoured(kind: AnyTestLock) {
+        let lock = kind.make()
+        lock.lock()
+        defer { lock.unlock() }
+        let join = startThread {
+            let start = MonotonicClock.now
+            #expect(!lock.lock(timeout: .milliseconds(20)))
+            #expect(start.duration(to: .now) >= .milliseconds(20))
+            // A deadline in the past is a tryLock.
+            #expect(!lock.lock(before: start))
+        }
+        join()
+    }
+
+    @Test(arguments: AnyTestLock.allCases)
+    func withLockReturnsAndRethrowsAndUnlocks(kind: AnyTestLock) {
+        struct Boom: Error {}
+        let lock = kind.make()
+        #expect(lock.withLock { 42 } == 42)
+        #expect(throws: Boom.self) { try lock.withLock { throw Boom() } }
+        // Released on the throwing path: another thread can take it.
+        let join = startThread { #expect(lock.tryLock()); lock.unlock() }
+        join()
+        #expect(lock.withLock(before: .distantFuture) { "ok" } == "ok")
+    }
+
+    @Test(arguments: AnyTestLock.allCases)
+    func blockedLockerGetsInAfterUnlock(kind: AnyTestLock) {
+        let lock = kind.make()
+        let value = Guarded()
+        lock.lock()
+        let join = startThread {
+            lock.lock()  // sleeps until the main thread unlocks
+            value.value += 1
+            lock.unlock()
+        }
+        usleep(20_000)
+        value.value = 10
+        lock.unlock()
+        join()
+        lock.lock()
+        #expect(value.value == 11)
+        lock.unlock()
+    }
+
+    @Test(arguments: AnyTestLock.allCases)
+    func mutualExclusionUnderContention(kind: AnyTestLock) {
+        let lock = kind.make()
+        let value = Guarded()
+        runThreads(4) { _ in
+            for _ in 0..<20_000 { lock.withLock { value.value += 1 } }
+        }
+        #expect(value.value == 80_000)
+    }
+}
+
+@Suite("Lock")
+struct LockTests {
+    @Test func idleWordIsZeroAfterUse() {
+        let lock = Lock()
+        #expect(lock.wordValue == 0)
+        lock.lock()
+        #expect(lock.wordValue == 1)
+        lock.unlock()
+        #expect(lock.wordValue == 0)
+    }
+
+    @Test func copiesShareTheLock() {
+        let a = Lock()
+        let b = a
+        a.lock()
+        #expect(!b.tryLock())
+        b.unlock()
+        #expect(a == b)
+        #expect(a != Lock())
+    }
+
+    @Test func distantFutureDeadlineWaitsUntilUnlocked() {
+        let lock = Lock()
+        lock.lock()
+        let join = startThread {
+            #expect(lock.lock(before: .distantFuture))
+            lock.unlock()
+        }
+        usleep(10_000)
+        lock.unlock()
+        join()
+        #expect(lock.wordValue == 0)
+    }
+}
+
+@Suite("RecursiveLock")
+struct RecursiveLockTests {
+    @Test func holderMayReacquire() {
+        let lock = RecursiveLock()
+        lock.lock()
+        #expect(lock.tryLock())
+        #expect(lock.lock(timeout: .zero))
+        #expect(lock.isHeldByCurrentThread)
+        lock.unlock()
+        lock.unlock()
+        let join = startThread { #expect(!lock.tryLock(), "still held once") }
+        join()
+        lock.unlock()
+        #expect(!lock.isHeldByCurrentThread)
+        #expect(lock.wordValue == 0)
+        let join2 = startThread { #expect(lock.tryLock()); lock.unlock() }
+        join2()
+    }
+
+    /// The guide's recursive function, rebuilt: each level takes the lock.
+    @Test func recursionDoesNotDeadlock() {
+        let lock = RecursiveLock()
+        func countdown(_ n: Int) -> Int {
+            lock.withLock { n == 0 ? 0 : 1 + countdown(n - 1) }
+        }
+        #expect(countdown(100) == 100)
+        #expect(lock.wordValue == 0)
+    }
+}
+
+@Suite("ReadWriteLock")
+struct ReadWriteLockTests {
+    @Test func readersShareWritersExclude() {
+        let rw = ReadWriteLock()
+        rw.readLock()
+        #expect(rw.tryReadLock(), "a second reader gets in")
+        #expect(!rw.tryWriteLock(), "no writer while readers hold it")
+        rw.readUnlock()
+        rw.readUnlock()
+        #expect(rw.wordValue == 0)
+        rw.writeLock()
+        #expect(!rw.tryReadLock())
+        #expect(!rw.tryWriteLock())
+        #expect(!rw.readLock(timeout: .milliseconds(5)))
+        rw.writeUnlock()
+        #expect(rw.wordValue == 0)
+        #expect(rw.withReadLock { 1 } + rw.withWriteLock { 2 } == 3)
+    }
+
+    /// Writer preference, as the guide describes it: while a writer waits,
+    /// a new reader blocks even though only readers hold the lock.
+    @Test func waitingWriterBlocksNewReaders() {
+        let rw = ReadWriteLock()
+        rw.readLock()
+        let join = startThread {
+            rw.writeLock()  // waits for the reader
+            rw.writeUnlock()
+        }
+        // Wait until the writer has announced itself.
+        let deadline = MonotonicClock.now.advanced(by: .seconds(30))
+        while rw.wordValue & (1 << 31) == 0 && MonotonicClock.now < deadline { usleep(1_000) }
+        let blocked = startThread {
+            #expect(!rw.tryReadLock(), "a new reader must queue behind the waiting writer")
+        }
+        blocked()
+        rw.readUnlock()
+        join()
+        #expect(rw.tryReadLock())
+        rw.readUnlock()
+    }
+
+    @Test func writeDeadlineIsHonoured() {
+        let rw = ReadWriteLock()
+        rw.readLock()
+        let join = startThread {
+            let start = MonotonicClock.now
+            #expect(!rw.writeLock(timeout: .milliseconds(20)))
+            #expect(start.duration(to: .now) >= .milliseconds(20))
+        }
+        join()
+        // The writer gave up: readers are not left blocked behind its flag.
+        let reader = startThread { #expect(rw.readLock(timeout: .seconds(10))); rw.readUnlock() }
+        reader()
+        rw.readUnlock()
+        #expect(rw.wordValue & 0x3FFF_FFFF == 0)
+    }
+}
+
+@Suite("Once")
+struct OnceTests {
+    @Test func runsExactlyOnceAcrossThreads() {
+        let once = Once()
+        let runs = Guarded()
+        let seen = UnsafeMutablePointer<Int>.allocate(capacity: 8)
+        seen.initialize(repeating: 0, count: 8)
+        defer { seen.deallocate() }
+        let box = SharedPointer(seen)
+        runThreads(8) { i in
+            once.run {
+                usleep(10_000)  // make the others wait
+                runs.value += 1
+            }
+            // Everything the body wrote is visible after run returns.
+            box.pointer[i] = runs.value
+        }
+        #expect(runs.value == 1)
+        #expect((0..<8).allSatisfy { seen[$0] == 1 })
+        #expect(once.isDone)
+    }
+
+    @Test func aThrowingBodyLeavesItNotDone() {
+        struct Boom: Error {}
+        let once = Once()
+        #expect(throws: Boom.self) { try once.run { throw Boom() } }
+        #expect(!once.isDone)
+        var ran = false
+        once.run { ran = true }
+        #expect(ran && once.isDone)
+        once.run { Issue.record("a done Once ran its body again") }
+    }
+}
+
+@Suite("synchronized")
+struct SynchronizedTests {
+    final class Token {}
+
+    @Test func sameObjectExcludes() {
+        let token = Token()
+        let value = Guarded()
+        let tokenBox = SharedObject(token)
+        runThreads(4) { _ in
+            for _ in 0..<10_000 { synchronized(tokenBox.object) { value.value += 1 } }
+        }
+        #expect(value.value == 40_000)
+    }
+
+    @Test func recursiveOnOneThreadAndReleasedOnThrow() {
+        struct Boom: Error {}
+        let token = Token()
+        let n = synchronized(token) { synchronized(token) { 7 } }
+        #expect(n == 7)
+        #expect(throws: Boom.self) { try synchronized(token) { throw Boom() } }
+        let box = SharedObject(token)
+        let join = startThread {
+            // Would hang if the throw had left the stripe locked.
+            synchronized(box.object) {}
+        }
+        join()
+        #expect(synchronizedStripes >= 64)
+    }
+}
+
+/// A class reference shared with test threads.
+struct SharedObject: @unchecked Sendable {
+    // @unchecked: tests only use the object's identity.
+    let object: AnyObject
+    init(_ object: AnyObject) { self.object = object }
+}
