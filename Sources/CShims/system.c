@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <unistd.h>
 
 #include "cshims_system.h"
@@ -109,5 +110,11 @@ int cshims_numa_set_preferred(int node) {
     if (check != 0) return check;
     if (numa_available() < 0) return 0;
     numa_set_preferred(node); // void: libnuma reports failures through numa_warn
+    return 0;
+}
+
+int cshims_unshare_private_mounts(void) {
+    if (unshare(CLONE_NEWNS) != 0) return -errno;
+    if (mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) return -errno;
     return 0;
 }

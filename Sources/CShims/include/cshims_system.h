@@ -44,4 +44,9 @@ int cshims_numa_run_on_node(int node);
 // Makes the calling thread's allocations prefer `node` (numa_set_preferred(3)).
 int cshims_numa_set_preferred(int node);
 
+// Moves the calling process into a private mount namespace
+// (unshare(CLONE_NEWNS)) whose mounts do not propagate back: tests use it to
+// mount a read-only file system without touching the host's.
+int cshims_unshare_private_mounts(void);
+
 #endif // CSHIMS_SYSTEM_H

@@ -25,7 +25,7 @@ import Glibc
 /// processes comes from the file system, not from this object. One
 /// `DistributedLock` value is for one thread at a time.
 public final class DistributedLock: @unchecked Sendable {
-    // @unchecked: the mutable state (`ownedIdentity`) is documented as
+    // @unchecked: the mutable state (`ownedToken`) is documented as
     // single-thread; the lock itself is the file system's.
 
     /// Why a distributed-lock operation failed.
@@ -68,8 +68,10 @@ public final class DistributedLock: @unchecked Sendable {
 
     /// The lock's path.
     public let path: String
-    /// (device, inode) of the lock file while this object holds it.
-    private var ownedIdentity: (dev: UInt64, ino: UInt64)?
+    /// The random token written into the lock file while this object holds
+    /// it. (An inode number would not do: after a `breakLock` the next lock
+    /// file often gets the freed inode back.)
+    private var ownedToken: UInt64?
 
     /// A lock at `path`. Nothing touches the file system until `tryLock()`.
     public init(path: String) {
@@ -81,13 +83,14 @@ public final class DistributedLock: @unchecked Sendable {
     /// or already by this object. Throws for a missing directory, a read-only
     /// file system or a permission problem.
     public func tryLock() throws(Error) -> Bool {
-        if ownedIdentity != nil { return false }
+        if ownedToken != nil { return false }
         let record = Self.currentRecord()
+        let token = UInt64.random(in: 1...UInt64.max)
         let temp = "\(path).\(record.host).\(record.pid).\(UInt32.random(in: 0...UInt32.max)).tmp"
         let fd = open(temp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0o644)
         if fd < 0 { throw classify(errno, call: "open") }
         defer { unlink(temp) }
-        let text = Self.encode(record)
+        let text = Self.encode(record) + "token=\(token)\n"
         let written = text.withCString { write(fd, $0, strlen($0)) }
         let writeErrno = errno
         let syncOK = fsync(fd) == 0
@@ -101,7 +104,7 @@ public final class DistributedLock: @unchecked Sendable {
         var st = stat()
         guard lstat(temp, &st) == 0 else { throw classify(errno, call: "lstat") }
         if st.st_nlink == 2 {
-            ownedIdentity = (UInt64(st.st_dev), UInt64(st.st_ino))
+            ownedToken = token
             return true
         }
         if linked { return false }  // cannot happen on a sane file system
@@ -114,18 +117,13 @@ public final class DistributedLock: @unchecked Sendable {
     /// Releases the lock. Throws `.notOwner` if this object does not hold it
     /// (including when someone broke the lock and another process took it).
     public func unlock() throws(Error) {
-        guard let identity = ownedIdentity else { throw .notOwner(path: path) }
-        var st = stat()
-        guard lstat(path, &st) == 0 else {
-            ownedIdentity = nil
-            if errno == ENOENT { throw .notOwner(path: path) }
-            throw classify(errno, call: "lstat")
-        }
-        guard UInt64(st.st_dev) == identity.dev && UInt64(st.st_ino) == identity.ino else {
-            ownedIdentity = nil
-            throw .notOwner(path: path)
-        }
-        ownedIdentity = nil
+        guard let token = ownedToken else { throw .notOwner(path: path) }
+        ownedToken = nil
+        // Check the token, then remove. Between the two another process could
+        // break the lock and take it (the window every file-based lock has);
+        // breakLock is for holders known to be dead, which closes it in
+        // practice.
+        guard let text = readRecord(), Self.token(in: text) == token else { throw .notOwner(path: path) }
         if unlink(path) != 0 && errno != ENOENT { throw classify(errno, call: "unlink") }
     }
 
@@ -134,27 +132,32 @@ public final class DistributedLock: @unchecked Sendable {
     /// `isHeldByDeadProcess`); breaking a live holder's lock lets two
     /// processes into the critical section. A lock that is not held is fine.
     public func breakLock() throws(Error) {
-        ownedIdentity = nil
+        ownedToken = nil
         if unlink(path) != 0 && errno != ENOENT { throw classify(errno, call: "unlink") }
     }
 
     /// The holder's record, or nil if the lock is not held (or its file is
     /// not a regular file with a readable record).
     public var owner: Owner? {
+        readRecord().flatMap(Self.decode)
+    }
+
+    /// The lock file's text, read without following a symlink.
+    private func readRecord() -> String? {
         let fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)
         if fd < 0 { return nil }
         defer { close(fd) }
         var buffer = [UInt8](repeating: 0, count: 1024)
         let n = read(fd, &buffer, buffer.count - 1)
         guard n > 0 else { return nil }
-        return Self.decode(String(decoding: buffer[0..<n], as: UTF8.self))
+        return String(decoding: buffer[0..<n], as: UTF8.self)
     }
 
     /// When the lock was taken, or nil if it is not held.
     public var lockDate: Double? { owner?.lockedAt }
 
     /// Whether this object holds the lock.
-    public var isHeldByMe: Bool { ownedIdentity != nil }
+    public var isHeldByMe: Bool { ownedToken != nil }
 
     /// `true` if the lock is held by a process on this host that no longer
     /// exists (its pid is gone, or was reused by a process that started
@@ -213,6 +216,13 @@ public final class DistributedLock: @unchecked Sendable {
 
     static func encode(_ o: Owner) -> String {
         "host=\(o.host)\npid=\(o.pid)\nstart=\(o.processStart)\nlocked=\(o.lockedAt)\n"
+    }
+
+    static func token(in text: String) -> UInt64? {
+        for line in text.split(separator: "\n") where line.hasPrefix("token=") {
+            return UInt64(line.dropFirst(6))
+        }
+        return nil
     }
 
     static func decode(_ text: String) -> Owner? {
