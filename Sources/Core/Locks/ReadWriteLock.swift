@@ -308,30 +308,36 @@ extension ReadWriteLock {
     }
 
     /// Called with the lock free of holders and some waiting flag set: wake
-    /// one writer if a writer sleeps, else every reader.
+    /// one writer if a writer waits, else every reader.
+    ///
+    /// `writersWaiting` stays set while a woken writer is on its way, so new
+    /// readers keep deferring to it; the writer recomputes the flag from
+    /// `waitingWriters` when it takes the lock.
     @usableFromInline
     @inline(never)
     func wakeWriterOrReaders(_ observed: UInt32) {
         var s = observed
-        while s & Self.mask == 0 {
-            if s & Self.writersWaiting != 0 {
-                // Clear the writer flag and wake one writer; it sets the flag
-                // again if more writers sleep.
+        if s & Self.writersWaiting != 0 {
+            AtomicMemory.add(1, to: writerWake, ordering: .releasing)
+            if Futex(writerWake).wake(1) > 0 { return }
+            // None asleep. A registered writer between its check and its
+            // sleep sees the counter move and comes in; leave it the flag.
+            if AtomicMemory.load(from: waitingWriters, ordering: .sequentiallyConsistent) > 0 { return }
+            // A stale flag (its writer gave up): clear it, nudge any writer
+            // that registered meanwhile so it sets the flag again, and let
+            // the readers go.
+            while s & Self.writersWaiting != 0 {
                 let r = AtomicMemory.compareExchange(expected: s, desired: s & ~Self.writersWaiting, at: state, ordering: .relaxed)
-                if !r.exchanged { s = r.original; continue }
-                AtomicMemory.add(1, to: writerWake, ordering: .releasing)
-                if Futex(writerWake).wake(1) > 0 { return }
-                // No writer was asleep (it timed out or is about to re-check
-                // and will see the counter move): the readers go next.
-                s &= ~Self.writersWaiting
-                continue
+                if r.exchanged { s &= ~Self.writersWaiting; break }
+                s = r.original
             }
-            if s & Self.readersWaiting != 0 {
-                let r = AtomicMemory.compareExchange(expected: s, desired: s & ~Self.readersWaiting, at: state, ordering: .relaxed)
-                if !r.exchanged { s = r.original; continue }
-                Futex(state).wakeAll()
-            }
-            return
+            AtomicMemory.add(1, to: writerWake, ordering: .releasing)
+            Futex(writerWake).wakeAll()
+        }
+        while s & Self.readersWaiting != 0 && s & Self.mask != Self.writeLocked {
+            let r = AtomicMemory.compareExchange(expected: s, desired: s & ~Self.readersWaiting, at: state, ordering: .relaxed)
+            if r.exchanged { Futex(state).wakeAll(); return }
+            s = r.original
         }
     }
 }
