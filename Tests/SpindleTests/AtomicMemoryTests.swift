@@ -179,6 +179,7 @@ struct AtomicMemoryTests {
         // They order memory; the observable contract here is only that they
         // exist on this architecture and return.
         memoryBarrier()
+        hardwareMemoryBarrier()
         loadBarrier()
         storeBarrier()
         acquireBarrier()
