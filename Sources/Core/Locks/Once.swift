@@ -85,7 +85,10 @@ public struct Once: @unchecked Sendable {
                     AtomicMemory.load(from: runner, ordering: .relaxed) != me,
                     "Once.run: called again from inside its own body on the same thread (this would deadlock)")
                 if state == Self.running {
-                    let r = AtomicMemory.compareExchange(expected: Self.running, desired: Self.waited, at: word, ordering: .relaxed)
+                    // Acquiring, because a failed exchange may report `done`
+                    // and the loop then returns on it: that observation must
+                    // see everything the body wrote.
+                    let r = AtomicMemory.compareExchange(expected: Self.running, desired: Self.waited, at: word, ordering: .acquiring)
                     if !r.exchanged { state = r.original; continue }
                 }
                 _ = Futex(word).wait(expecting: Self.waited)
