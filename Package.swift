@@ -34,7 +34,7 @@ let package = Package(
         ),
         .target(
             name: "TestSupport",
-            dependencies: [],
+            dependencies: ["Spindle"],
             path: "Tests/TestSupport"
         ),
         .testTarget(

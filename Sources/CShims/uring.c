@@ -7,13 +7,16 @@
 
 struct cshims_uring {
     struct io_uring ring;
+    unsigned features;
 };
 
 cshims_uring *cshims_uring_create(unsigned entries, unsigned flags, int *error) {
     cshims_uring *r = calloc(1, sizeof *r);
     if (r == NULL) { *error = -ENOMEM; return NULL; }
-    int rc = io_uring_queue_init(entries, &r->ring, flags); // returns -errno
+    struct io_uring_params params = {.flags = flags};
+    int rc = io_uring_queue_init_params(entries, &r->ring, &params); // returns -errno
     if (rc < 0) { free(r); *error = rc; return NULL; }
+    r->features = params.features;
     *error = 0;
     return r;
 }
@@ -57,4 +60,60 @@ int cshims_uring_wait_completion(cshims_uring *r, uint64_t *user_data, int32_t *
     *result = cqe->res;
     io_uring_cqe_seen(&r->ring, cqe);
     return 0;
+}
+
+int cshims_uring_has_ext_arg(const cshims_uring *r) {
+    return (r->features & IORING_FEAT_EXT_ARG) != 0;
+}
+
+int cshims_uring_queue_poll(cshims_uring *r, int fd, unsigned poll_mask, uint64_t user_data,
+                            int multishot) {
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
+    if (sqe == NULL) {
+        // Full: hand the queued entries to the kernel and try once more.
+        io_uring_submit(&r->ring);
+        sqe = io_uring_get_sqe(&r->ring);
+        if (sqe == NULL) return -EBUSY;
+    }
+    if (multishot) io_uring_prep_poll_multishot(sqe, fd, poll_mask);
+    else io_uring_prep_poll_add(sqe, fd, poll_mask);
+    io_uring_sqe_set_data64(sqe, user_data);
+    return 0;
+}
+
+int cshims_uring_queue_poll_remove(cshims_uring *r, uint64_t target, uint64_t user_data) {
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
+    if (sqe == NULL) {
+        io_uring_submit(&r->ring);
+        sqe = io_uring_get_sqe(&r->ring);
+        if (sqe == NULL) return -EBUSY;
+    }
+    io_uring_prep_poll_remove(sqe, target);
+    io_uring_sqe_set_data64(sqe, user_data);
+    return 0;
+}
+
+int cshims_uring_submit_and_wait(cshims_uring *r, int64_t timeout_ns) {
+    struct io_uring_cqe *cqe = NULL;
+    if (timeout_ns == 0) {
+        int rc = io_uring_submit(&r->ring);
+        if (rc < 0) return rc;
+        return io_uring_peek_cqe(&r->ring, &cqe) == 0 ? 0 : -ETIME;
+    }
+    if (timeout_ns < 0) return io_uring_submit_and_wait(&r->ring, 1) < 0 ? -errno : 0;
+    struct __kernel_timespec ts = {.tv_sec = timeout_ns / 1000000000LL,
+                                   .tv_nsec = timeout_ns % 1000000000LL};
+    int rc = io_uring_submit_and_wait_timeout(&r->ring, &cqe, 1, &ts, NULL);
+    return rc < 0 ? rc : 0;
+}
+
+int cshims_uring_next_completion(cshims_uring *r, uint64_t *user_data, int32_t *result,
+                                 int *more) {
+    struct io_uring_cqe *cqe = NULL;
+    if (io_uring_peek_cqe(&r->ring, &cqe) != 0 || cqe == NULL) return 0;
+    *user_data = io_uring_cqe_get_data64(cqe);
+    *result = cqe->res;
+    *more = (cqe->flags & IORING_CQE_F_MORE) != 0;
+    io_uring_cqe_seen(&r->ring, cqe);
+    return 1;
 }

@@ -7,5 +7,6 @@
 #include "cshims_futex.h"
 #include "cshims_system.h"
 #include "cshims_uring.h"
+#include "cshims_event.h"
 
 #endif // CSHIMS_H

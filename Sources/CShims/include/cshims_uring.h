@@ -36,4 +36,32 @@ int cshims_uring_submit_timeout(cshims_uring *ring, int64_t ns, uint64_t user_da
 // or -errno of the wait (-EINTR is passed up; the caller retries).
 int cshims_uring_wait_completion(cshims_uring *ring, uint64_t *user_data, int32_t *result);
 
+// --- Event-loop operations (the Ring layer) ---------------------------------
+
+// Whether the ring's kernel reports IORING_FEAT_EXT_ARG (timed waits in one
+// io_uring_enter, kernel 5.11+). 1 or 0.
+int cshims_uring_has_ext_arg(const cshims_uring *ring);
+
+// Queues (does not submit) a poll on `fd` for `poll_mask` (POLLIN,
+// POLLOUT...) tagged `user_data`; `multishot` keeps it armed after each
+// completion (IORING_POLL_ADD_MULTI). Returns 0 or -EBUSY (queue full).
+int cshims_uring_queue_poll(cshims_uring *ring, int fd, unsigned poll_mask, uint64_t user_data,
+                            int multishot);
+
+// Queues a removal of the poll tagged `target`; its completion carries
+// `user_data`. Returns 0 or -EBUSY.
+int cshims_uring_queue_poll_remove(cshims_uring *ring, uint64_t target, uint64_t user_data);
+
+// Submits what is queued and waits for at least one completion, at most
+// `timeout_ns` (negative: no limit; 0: do not wait). One io_uring_enter when
+// the kernel has EXT_ARG. Returns 0 when a completion is ready, -ETIME on
+// timeout, -EINTR, or another -errno.
+int cshims_uring_submit_and_wait(cshims_uring *ring, int64_t timeout_ns);
+
+// Takes the next ready completion without waiting: returns 1 and fills the
+// outputs, or 0 when none is ready. `more` is 1 when a multishot request
+// stays armed (IORING_CQE_F_MORE).
+int cshims_uring_next_completion(cshims_uring *ring, uint64_t *user_data, int32_t *result,
+                                 int *more);
+
 #endif // CSHIMS_URING_H

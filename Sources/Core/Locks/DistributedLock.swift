@@ -186,7 +186,7 @@ public final class DistributedLock: @unchecked Sendable {
     static var hostName: String {
         var buffer = [CChar](repeating: 0, count: 256)
         guard gethostname(&buffer, buffer.count - 1) == 0 else { return "unknown-host" }
-        return String(cString: buffer)
+        return String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
     /// Field 22 of /proc/<pid>/stat (start time in clock ticks since boot).

@@ -1,0 +1,42 @@
+/// Watches a loop's passes: its handler runs at each of the chosen
+/// activities, on the loop's thread, in `order` among the mode's observers
+/// (lower first). A one-shot observer (`repeats: false`) invalidates itself
+/// after its first call.
+///
+/// Thread-safe: `invalidate()` may be called from any thread; once it
+/// returns the handler is not called again (unless it is running right now
+/// on the loop thread).
+public final class LoopObserver: @unchecked Sendable {
+    // @unchecked: the handler is immutable; `isValid` is an atomic word.
+
+    public let activities: LoopActivity
+    public let repeats: Bool
+    public let order: Int
+    let handler: (LoopObserver, LoopActivity) -> Void
+    private let valid = UnsafeMutablePointer<UInt32>.allocate(capacity: 1)
+
+    /// An observer of `activities`. The handler receives the observer and
+    /// the activity being reached; it runs on the loop's thread and may add
+    /// or remove loop items, run the loop (nested) or invalidate itself.
+    public init(
+        activities: LoopActivity, repeats: Bool = true, order: Int = 0,
+        _ handler: @escaping (LoopObserver, LoopActivity) -> Void
+    ) {
+        require(!activities.isEmpty, "LoopObserver.init: `activities` is empty; the observer would never fire")
+        self.activities = activities
+        self.repeats = repeats
+        self.order = order
+        self.handler = handler
+        valid.initialize(to: 1)
+    }
+
+    deinit { valid.deallocate() }
+
+    /// Whether the observer can still fire.
+    public var isValid: Bool { AtomicMemory.load(from: valid, ordering: .acquiring) != 0 }
+
+    /// Stops the observer for good and removes it from its loop. Any thread.
+    public func invalidate() {
+        AtomicMemory.store(0, to: valid, ordering: .releasing)
+    }
+}
