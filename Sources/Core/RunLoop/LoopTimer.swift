@@ -26,8 +26,11 @@ public final class LoopTimer: @unchecked Sendable {
     let lock = Lock()
     private var _fireDate: MonotonicClock.Instant
     private var _valid = true
-    /// The loop it was added to (weak: a loop going away invalidates it).
+    /// The loop it was added to (weak: the timer does not keep it alive).
     weak var loop: ThreadLoop?
+    /// The serial number of the first loop it was added to, kept after that
+    /// loop is gone, so it can never join another.
+    var loopSerial: UInt64?
 
     /// A timer first firing at `fireDate`, then every `interval` if given.
     /// `interval` must be positive and `tolerance` non-negative: otherwise a

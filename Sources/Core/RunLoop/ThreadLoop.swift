@@ -32,6 +32,11 @@ public final class ThreadLoop: @unchecked Sendable {
     public let backend: any EventBackend
     /// The kernel thread id of the thread that owns (runs) the loop.
     public let ownerThreadID: Int32
+    /// Unique per loop for the life of the process (addresses are reused).
+    let serial: UInt64 = ThreadLoop.nextSerial()
+
+    private static let serials = SerialCounter()
+    private static func nextSerial() -> UInt64 { serials.next() }
 
     let lock = Lock()
     private var modes: [LoopMode: ModeItems] = [:]
@@ -249,14 +254,14 @@ public final class ThreadLoop: @unchecked Sendable {
     /// loop: adding it to a second loop is a precondition failure. Adding an
     /// invalidated timer is a no-op. Any thread; wakes the loop.
     public func add(_ timer: LoopTimer, forMode mode: LoopMode = .default) {
-        let ok: Bool = timer.lock.withLock {
-            if let owner = timer.loop {
-                require(owner === self, "ThreadLoop.add(_:forMode:): this LoopTimer already belongs to another loop")
+        timer.lock.withLock {
+            if let owner = timer.loopSerial {
+                require(owner == serial, "ThreadLoop.add(_:forMode:): this LoopTimer already belongs to another loop")
             }
+            timer.loopSerial = serial
             timer.loop = self
-            return true
         }
-        guard ok, timer.isValid else { return }
+        guard timer.isValid else { return }
         lock.withLock {
             if mode == .common, !common.timers.contains(where: { $0 === timer }) { common.timers.append(timer) }
             for m in expand(mode) {
@@ -655,4 +660,15 @@ final class PerformCompletion: @unchecked Sendable {
             _ = Futex(word).wait(expecting: 0)
         }
     }
+}
+
+/// A process-wide counter handing out unique numbers.
+final class SerialCounter: @unchecked Sendable {
+    // @unchecked: the word is only accessed atomically and never freed.
+    private let word: UnsafeMutablePointer<UInt64> = {
+        let p = UnsafeMutablePointer<UInt64>.allocate(capacity: 1)
+        p.initialize(to: 0)
+        return p
+    }()
+    func next() -> UInt64 { AtomicMemory.increment(word, ordering: .relaxed) }
 }

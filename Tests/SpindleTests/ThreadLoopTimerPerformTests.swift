@@ -1,0 +1,286 @@
+import Spindle
+import Testing
+import TestSupport
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+@Suite("ThreadLoop: timers")
+struct ThreadLoopTimerTests {
+    /// A repeating timer keeps to its schedule: each next date is the first
+    /// date plus a whole number of intervals, whatever the firing delays.
+    @Test(arguments: availableBackends)
+    func repeatingTimerKeepsToItsSchedule(kind: EventBackendKind) {
+        onLoopThread(kind) { loop in
+            let start = MonotonicClock.now.advanced(by: .milliseconds(5))
+            let interval = Duration.milliseconds(4)
+            let step = interval.components.attoseconds / 1_000_000_000 + interval.components.seconds * 1_000_000_000
+            var fireDates: [MonotonicClock.Instant] = []
+            let timer = LoopTimer(fireAt: start, interval: interval) { t in
+                fireDates.append(t.fireDate)
+                if fireDates.count == 5 { t.invalidate() }
+            }
+            loop.add(timer, forMode: .default)
+            while timer.isValid { loop.run(mode: .default, timeout: .milliseconds(50)) }
+            #expect(fireDates.count == 5)
+            for d in fireDates {
+                #expect((d.nanoseconds - start.nanoseconds) % step == 0, "next date off the schedule")
+            }
+            #expect(zip(fireDates, fireDates.dropFirst()).allSatisfy { $0 < $1 })
+        }
+    }
+
+    /// Late by several periods: one firing for all of them, then back on
+    /// schedule.
+    @Test(arguments: availableBackends)
+    func missedPeriodsFireOnce(kind: EventBackendKind) {
+        onLoopThread(kind) { loop in
+            let start = MonotonicClock.now
+            let interval = Duration.milliseconds(10)
+            var fired = 0
+            let timer = LoopTimer(fireAt: start, interval: interval) { _ in fired += 1 }
+            loop.add(timer, forMode: .default)
+            usleep(45_000)  // 4.5 periods pass with the loop not running
+            loop.run(mode: .default, timeout: .zero)
+            #expect(fired == 1, "missed periods collapse into one firing")
+            // Next date: the first scheduled date after now, i.e. start + 5 intervals.
+            let next = timer.fireDate
+            #expect(next.nanoseconds - start.nanoseconds == 50_000_000)
+            timer.invalidate()
+        }
+    }
+
+    @Test(arguments: availableBackends)
+    func timerFiresOnlyInItsModes(kind: EventBackendKind) {
+        onLoopThread(kind) { loop in
+            var fired = 0
+            let other: LoopMode = "other"
+            let timer = LoopTimer(after: .zero) { _ in fired += 1 }
+            loop.add(timer, forMode: other)
+            let keep = LoopSource { _ in }
+            loop.add(keep)
+            loop.run(mode: .default, timeout: .milliseconds(5))
+            #expect(fired == 0)
+            loop.run(mode: other, timeout: .zero)
+            #expect(fired == 1)
+            #expect(!timer.isValid, "a one-shot is done after firing")
+            keep.invalidate()
+        }
+    }
+
+    @Test(arguments: availableBackends)
+    func invalidateFromAnotherThread(kind: EventBackendKind) {
+        onLoopThread(kind) { loop in
+            var fired = 0
+            let timer = LoopTimer(after: .milliseconds(50)) { _ in fired += 1 }
+            loop.add(timer, forMode: .default)
+            let box = SendableTimer(timer)
+            let join = startThread { box.timer.invalidate() }
+            join()
+            #expect(loop.run(mode: .default, timeout: .milliseconds(100)) == .finished, "nothing left once invalidated")
+            #expect(fired == 0)
+        }
+    }
+
+    @Test(arguments: availableBackends)
+    func toleranceStillFiresNoEarlier(kind: EventBackendKind) {
+        onLoopThread(kind) { loop in
+            let due = MonotonicClock.now.advanced(by: .milliseconds(10))
+            var firedAt: MonotonicClock.Instant?
+            let timer = LoopTimer(fireAt: due, tolerance: .milliseconds(5)) { _ in firedAt = .now }
+            loop.add(timer, forMode: .default)
+            while timer.isValid { loop.run(mode: .default, timeout: .milliseconds(100)) }
+            #expect(firedAt! >= due)
+        }
+    }
+}
+
+private struct SendableTimer: @unchecked Sendable {
+    // @unchecked: LoopTimer is thread-safe; the box only crosses threads.
+    let timer: LoopTimer
+    init(_ t: LoopTimer) { timer = t }
+}
+
+private struct SendableLoop: @unchecked Sendable {
+    // @unchecked: ThreadLoop's cross-thread API is thread-safe.
+    let loop: ThreadLoop
+    init(_ l: ThreadLoop) { loop = l }
+}
+
+@Suite("ThreadLoop: performs")
+struct ThreadLoopPerformTests {
+    /// Foundation's `RunLoop.perform` does not wake a sleeping loop; ours must.
+    @Test(arguments: availableBackends)
+    func performWakesASleepingLoop(kind: EventBackendKind) {
+        onLoopThread(kind) { loop in
+            let keep = LoopSource { _ in }
+            loop.add(keep)
+            let log = EventLog()
+            let target = SendableLoop(loop)
+            let join = startThread {
+                usleep(20_000)
+                target.loop.perform { log.append("performed"); target.loop.stop() }
+            }
+            let start = MonotonicClock.now
+            #expect(loop.run(mode: .default, timeout: .seconds(30)) == .stopped)
+            #expect(start.duration(to: .now) < .seconds(20), "the perform woke the loop")
+            join()
+            #expect(log.all == ["performed"])
+            keep.invalidate()
+        }
+    }
+
+    @Test(arguments: availableBackends)
+    func performWaitUntilDoneAndModes(kind: EventBackendKind) {
+        let log = EventLog()
+        let loopReady = EventLog()
+        let box = UnsafeMutablePointer<SendableLoop?>.allocate(capacity: 1)
+        box.initialize(to: nil)
+        defer { box.deallocate() }
+        let boxed = SharedPointer(box)
+        let stopFlag = Lock()
+        let worker = startThread {
+            let loop = try! ThreadLoop.current(backend: kind)
+            stopFlag.withLock { boxed.pointer.pointee = SendableLoop(loop) }
+            loopReady.append("ready")
+            let keep = LoopSource { _ in }
+            loop.add(keep)
+            loop.add(keep, forMode: "special")
+            while loop.run(mode: .default, timeout: .seconds(30)) != .stopped {}
+            // The "special"-mode perform is still waiting for its mode.
+            loop.run(mode: "special", timeout: .zero)
+            keep.invalidate()
+        }
+        while loopReady.all.isEmpty { usleep(1_000) }
+        let loop = stopFlag.withLock { boxed.pointer.pointee! }.loop
+        #expect(loop.perform(inModes: ["special"]) { log.append("special") })
+        #expect(loop.perform(waitUntilDone: true) { log.append("waited") })
+        #expect(log.all == ["waited"], "done before perform returned; the special one is held")
+        loop.perform { log.append("then stop"); loop.stop() }
+        worker()
+        #expect(log.all == ["waited", "then stop", "special"])
+    }
+
+    @Test(arguments: availableBackends)
+    func performOnOwnThreadWithWaitRunsAtOnce(kind: EventBackendKind) {
+        onLoopThread(kind) { loop in
+            var ran = false
+            #expect(loop.perform(waitUntilDone: true) { ran = true })
+            #expect(ran)
+        }
+    }
+
+    @Test(arguments: availableBackends)
+    func delayedPerformAndCancel(kind: EventBackendKind) {
+        final class Target {}
+        onLoopThread(kind) { loop in
+            let target = Target()
+            let log = EventLog()
+            loop.perform(afterDelay: .milliseconds(5), target: target) { log.append("cancelled one") }
+            loop.perform(afterDelay: .milliseconds(5)) { log.append("kept") }
+            loop.cancelPreviousPerformRequests(target: target)
+            while loop.run(mode: .default, timeout: .milliseconds(100)) != .finished {}
+            #expect(log.all == ["kept"])
+        }
+    }
+
+    /// Listing 2-3's pattern: a long job that polls its loop with a zero
+    /// timeout to learn whether it should exit.
+    @Test(arguments: availableBackends)
+    func longJobPollsItsLoop(kind: EventBackendKind) {
+        let started = EventLog()
+        let box = UnsafeMutablePointer<SendableLoop?>.allocate(capacity: 1)
+        box.initialize(to: nil)
+        defer { box.deallocate() }
+        let boxed = SharedPointer(box)
+        let guardLock = Lock()
+        let steps = EventLog()
+        let flag = AtomicFlag()
+        let worker = startThread {
+            let loop = try! ThreadLoop.current(backend: kind)
+            var exitNow = false
+            let exitSource = LoopSource { _ in }  // keeps the mode non-empty
+            loop.add(exitSource)
+            guardLock.withLock { boxed.pointer.pointee = SendableLoop(loop) }
+            started.append("go")
+            var work = 0
+            while !exitNow && work < 1_000_000 {
+                work += 1  // a chunk of the long job
+                if work % 100 == 0 { steps.append("chunk") }
+                loop.run(mode: .default, timeout: .zero)
+                exitNow = exitNow || flag.isSet
+            }
+            exitSource.invalidate()
+        }
+        while started.all.isEmpty { usleep(1_000) }
+        let loop = guardLock.withLock { boxed.pointer.pointee! }.loop
+        usleep(5_000)
+        loop.perform { flag.set() }
+        worker()
+        #expect(flag.isSet)
+        #expect(steps.all.count < 10_000, "the job stopped when asked, not at the end of its work")
+    }
+}
+
+/// A flag for the Listing 2-3 test (set by a perform on the worker's thread).
+final class AtomicFlag: @unchecked Sendable {
+    // @unchecked: the word is only accessed atomically.
+    private let word = UnsafeMutablePointer<UInt32>.allocate(capacity: 1)
+    init() { word.initialize(to: 0) }
+    var isSet: Bool { AtomicMemory.load(from: word, ordering: .acquiring) != 0 }
+    func set() { AtomicMemory.store(1, to: word, ordering: .releasing) }
+}
+
+@Suite("ThreadLoop misuse")
+struct ThreadLoopMisuseTests {
+    private func stderr(_ r: ExitTest.Result?) -> String {
+        String(decoding: r?.standardErrorContent ?? [], as: UTF8.self)
+    }
+
+    @Test func runningAnotherThreadsLoop() async {
+        let r = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+            let box = UnsafeMutablePointer<ThreadLoop?>.allocate(capacity: 1)
+            box.initialize(to: nil)
+            let b = SharedPointer(box)
+            let join = startThread { b.pointer.pointee = ThreadLoop.current }
+            join()
+            box.pointee!.run(mode: .default, timeout: .zero)
+        }
+        #expect(stderr(r).contains("ThreadLoop.run: called on thread"))
+        #expect(stderr(r).contains("only its own thread runs a loop"))
+    }
+
+    @Test func negativeTimerInterval() async {
+        let r = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+            _ = LoopTimer(after: .zero, interval: .milliseconds(-1)) { _ in }
+        }
+        #expect(stderr(r).contains("LoopTimer.init: `interval` is"))
+    }
+
+    @Test func timerAddedToASecondLoop() async {
+        let r = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+            let timer = LoopTimer(after: .seconds(1)) { _ in }
+            let t = SharedTimerBox(timer)
+            let join = startThread { ThreadLoop.current.add(t.timer, forMode: .default) }
+            join()
+            let join2 = startThread { ThreadLoop.current.add(t.timer, forMode: .default) }
+            join2()
+        }
+        #expect(stderr(r).contains("this LoopTimer already belongs to another loop"))
+    }
+
+    @Test func negativeRunTimeout() async {
+        let r = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+            let join = startThread { ThreadLoop.current.run(mode: .default, timeout: .seconds(-1)) }
+            join()
+        }
+        #expect(stderr(r).contains("`timeout` is"))
+    }
+}
+
+struct SharedTimerBox: @unchecked Sendable {
+    // @unchecked: LoopTimer's API is thread-safe.
+    let timer: LoopTimer
+    init(_ t: LoopTimer) { timer = t }
+}
