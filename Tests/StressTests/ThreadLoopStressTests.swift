@@ -1,0 +1,138 @@
+import Spindle
+import Testing
+import TestSupport
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+private struct LoopBox: @unchecked Sendable {
+    // @unchecked: only ThreadLoop's thread-safe API is used across threads.
+    let loop: ThreadLoop
+}
+
+/// Per-sender sequence numbers recorded by the loop thread only.
+private final class Received: @unchecked Sendable {
+    // @unchecked: written only on the loop thread, read after it is joined.
+    var lastSeen: [Int]
+    var count = 0
+    var outOfOrder = 0
+    init(senders: Int) { lastSeen = [Int](repeating: -1, count: senders) }
+}
+
+/// Starts a loop thread, hands its loop to `senders`, runs the loop until
+/// `body`'s senders are done and everything they sent has run.
+private func withRunningLoop(
+    _ kind: EventBackendKind, _ body: @escaping @Sendable (ThreadLoop) -> Void
+) {
+    let ready = EventLog()
+    let slot = UnsafeMutablePointer<LoopBox?>.allocate(capacity: 1)
+    slot.initialize(to: nil)
+    defer { slot.deallocate() }
+    let shared = SharedPointer(slot)
+    let slotLock = Lock()
+    let loopThread = startThread {
+        let loop = try! ThreadLoop.current(backend: kind)
+        let keep = LoopSource { _ in }
+        loop.add(keep)
+        slotLock.withLock { shared.pointer.pointee = LoopBox(loop: loop) }
+        ready.append("ready")
+        while loop.run(mode: .default, timeout: .seconds(60)) != .stopped {}
+        keep.invalidate()
+    }
+    while ready.all.isEmpty { usleep(500) }
+    let loop = slotLock.withLock { shared.pointer.pointee! }.loop
+    body(loop)
+    loop.perform { loop.stop() }
+    loopThread()
+}
+
+@Suite("ThreadLoop stress")
+struct ThreadLoopStressTests {
+    /// 4 threads × 250,000 performs onto one loop: each runs exactly once,
+    /// in order per sender.
+    @Test(arguments: availableBackends)
+    func performsRunOnceInOrderPerSender(kind: EventBackendKind) {
+        let senders = 4
+        let perSender = 250_000
+        let received = Received(senders: senders)
+        withRunningLoop(kind) { loop in
+            runThreads(senders) { s in
+                for i in 0..<perSender {
+                    loop.perform {
+                        if received.lastSeen[s] != i - 1 { received.outOfOrder += 1 }
+                        received.lastSeen[s] = i
+                        received.count += 1
+                    }
+                }
+            }
+        }
+        #expect(received.count == senders * perSender)
+        #expect(received.outOfOrder == 0)
+        #expect(received.lastSeen.allSatisfy { $0 == perSender - 1 })
+    }
+
+    /// 1,000 timers with random dates fire in date order, none lost, none
+    /// twice; a second thread invalidates some while the loop may be firing
+    /// them, which must be safe (an invalidated timer fires at most once,
+    /// before its invalidation).
+    @Test(arguments: availableBackends)
+    func thousandTimersFireInDateOrder(kind: EventBackendKind) {
+        onLoopThread(kind) { loop in
+            var rng = SystemRandomNumberGenerator()
+            let base = MonotonicClock.now.advanced(by: .milliseconds(20))
+            var fired: [(Int, MonotonicClock.Instant)] = []
+            var timers: [LoopTimer] = []
+            for i in 0..<1_000 {
+                let date = base.advanced(by: .microseconds(Int64.random(in: 0..<200_000, using: &rng)))
+                let t = LoopTimer(fireAt: date) { t in fired.append((i, t.fireDate)) }
+                timers.append(t)
+                loop.add(t, forMode: .default)
+            }
+            // Another thread invalidates every tenth timer at some point.
+            let victims = stride(from: 0, to: 1_000, by: 10).map { SharedTimer(timers[$0]) }
+            let killer = startThread {
+                for v in victims {
+                    usleep(UInt32.random(in: 0..<400))
+                    v.timer.invalidate()
+                }
+            }
+            while loop.run(mode: .default, timeout: .seconds(10)) != .finished {}
+            killer()
+            let ids = fired.map(\.0)
+            #expect(Set(ids).count == ids.count, "a timer fired twice")
+            let survivors = Set(0..<1_000).subtracting(stride(from: 0, to: 1_000, by: 10))
+            #expect(survivors.isSubset(of: Set(ids)), "a timer that was never invalidated did not fire")
+            let dates = fired.map(\.1)
+            #expect(zip(dates, dates.dropFirst()).allSatisfy { $0 <= $1 }, "timers fired out of date order")
+        }
+    }
+
+    /// Sources and timers added and removed from other threads while the
+    /// loop runs: the loop keeps working and ends with nothing registered.
+    @Test(arguments: availableBackends)
+    func concurrentAddRemove(kind: EventBackendKind) {
+        let fired = EventLog()
+        withRunningLoop(kind) { loop in
+            runThreads(3) { t in
+                for i in 0..<2_000 {
+                    let source = LoopSource { _ in }
+                    loop.add(source, forMode: i % 2 == 0 ? .default : .common)
+                    source.signal()
+                    let timer = LoopTimer(after: .microseconds(Int64(i % 50))) { _ in }
+                    loop.add(timer, forMode: .default)
+                    if i % 3 == 0 { timer.invalidate() }
+                    source.invalidate()
+                }
+                fired.append("\(t)")
+            }
+        }
+        #expect(fired.all.count == 3)
+    }
+}
+
+private struct SharedTimer: @unchecked Sendable {
+    // @unchecked: LoopTimer is thread-safe.
+    let timer: LoopTimer
+    init(_ t: LoopTimer) { timer = t }
+}
