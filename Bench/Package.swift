@@ -3,7 +3,6 @@
 // never build a benchmark dependency. `scripts/bench` (in the repository root)
 // builds and runs it; see the comment in Sources/BenchSupport/SideBySide.swift
 // for how benchmarks are named and how a new benchmark target is added.
-import Foundation
 import PackageDescription
 
 let package = Package(
@@ -37,20 +36,14 @@ let package = Package(
     swiftLanguageModes: [.v6]
 )
 
-// Benchmark targets: every folder Benchmarks/<Name>/ is one, as the
+// Benchmark targets: one per folder Benchmarks/<Name>/, as the
 // BenchmarkPlugin requires, named <Name>Benchmarks (a bare "Atomics" would
 // clash with swift-atomics' module, which package-benchmark depends on).
-// Adding a folder adds a target; nothing here changes. Each one can use
-// Spindle, BenchSupport, package-benchmark and the peers above.
-let benchmarksDirectory = URL(fileURLWithPath: Context.packageDirectory).appendingPathComponent("Benchmarks")
-let benchmarkFolders = ((try? FileManager.default.contentsOfDirectory(atPath: benchmarksDirectory.path)) ?? [])
-    .filter { name in
-        var isDirectory: ObjCBool = false
-        let path = benchmarksDirectory.appendingPathComponent(name).path
-        return !name.hasPrefix(".") && FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory)
-            && isDirectory.boolValue
-    }
-    .sorted()
+// Listed by name rather than discovered: SwiftPM caches an evaluated manifest
+// by its text, so a manifest that lists the directory would not notice a new
+// folder. Adding a benchmark target is adding its folder and its name here.
+// Each one can use Spindle, BenchSupport, package-benchmark and the peers above.
+let benchmarkFolders = ["Atomics", "RunLoop"]
 
 for name in benchmarkFolders {
     package.targets.append(

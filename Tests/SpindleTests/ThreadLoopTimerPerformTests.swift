@@ -131,6 +131,26 @@ struct ThreadLoopPerformTests {
         }
     }
 
+    /// A perform is a source: a run asked to return after a source returns
+    /// after running one (regression: it used to sleep until its timeout).
+    @Test(arguments: availableBackends)
+    func performCountsAsAHandledSource(kind: EventBackendKind) {
+        onLoopThread(kind) { loop in
+            let keep = LoopSource { _ in }
+            loop.add(keep)
+            let target = SendableLoop(loop)
+            let join = startThread {
+                usleep(10_000)
+                target.loop.perform {}
+            }
+            let start = MonotonicClock.now
+            #expect(loop.run(mode: .default, timeout: .seconds(30), returnAfterSourceHandled: true) == .handledSource)
+            #expect(start.duration(to: .now) < .seconds(20))
+            join()
+            keep.invalidate()
+        }
+    }
+
     @Test(arguments: availableBackends)
     func performWaitUntilDoneAndModes(kind: EventBackendKind) {
         let log = EventLog()

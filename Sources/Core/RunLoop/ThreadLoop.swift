@@ -14,7 +14,8 @@ import Glibc
 ///
 /// Each pass follows the guide's sequence of events: notify `entry` (once
 /// per run); then per pass notify `beforeTimers` and `beforeSources`, run
-/// queued performs, fire signalled custom sources; if a descriptor source is
+/// queued performs (the guide's perform-selector sources: running one counts
+/// as handling a source), fire signalled custom sources; if a descriptor source is
 /// already ready skip to handling it, else notify `beforeWaiting`, sleep
 /// until a descriptor is ready, a timer is due, the run's time is up or the
 /// loop is woken, and notify `afterWaiting`; then fire due timers and ready
@@ -365,9 +366,15 @@ public final class ThreadLoop: @unchecked Sendable {
             applyPendingChanges()
             notify(.beforeTimers, mode)
             notify(.beforeSources, mode)
-            runPerforms(mode)
-            var handled = fireSignaledSources(mode, stopAfterOne: returnAfterSourceHandled)
-            if handled { runPerforms(mode) }
+            // Performs are the guide's perform-selector sources: running one
+            // counts as handling a source.
+            var handled = runPerforms(mode)
+            if !(handled && returnAfterSourceHandled) {
+                if fireSignaledSources(mode, stopAfterOne: returnAfterSourceHandled) {
+                    handled = true
+                    _ = runPerforms(mode)
+                }
+            }
             let poll = handled || MonotonicClock.now >= deadline
             if !hasReadyDescriptor(mode) {
                 if !poll { notify(.beforeWaiting, mode) }
@@ -379,7 +386,7 @@ public final class ThreadLoop: @unchecked Sendable {
             }
             fireDueTimers(mode)
             if fireReadyDescriptors(mode, stopAfterOne: returnAfterSourceHandled && !handled) { handled = true }
-            runPerforms(mode)
+            if runPerforms(mode) { handled = true }
             if handled && returnAfterSourceHandled {
                 result = .handledSource
             } else if MonotonicClock.now >= deadline {
@@ -444,7 +451,9 @@ public final class ThreadLoop: @unchecked Sendable {
         }
     }
 
-    private func runPerforms(_ mode: LoopMode) {
+    /// Runs the performs queued for `mode`; returns whether it ran any.
+    @discardableResult
+    private func runPerforms(_ mode: LoopMode) -> Bool {
         let batch: [PendingPerform] = lock.withLock {
             guard !performs.isEmpty else { return [] }
             var taken: [PendingPerform] = []
@@ -459,6 +468,7 @@ public final class ThreadLoop: @unchecked Sendable {
             p.block()
             p.completion?.finish(ran: true)
         }
+        return !batch.isEmpty
     }
 
     private func fireSignaledSources(_ mode: LoopMode, stopAfterOne: Bool) -> Bool {
