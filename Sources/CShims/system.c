@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "cshims_system.h"
@@ -116,5 +117,10 @@ int cshims_numa_set_preferred(int node) {
 int cshims_unshare_private_mounts(void) {
     if (unshare(CLONE_NEWNS) != 0) return -errno;
     if (mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) return -errno;
+    return 0;
+}
+
+int cshims_set_timer_slack(unsigned long ns) {
+    if (prctl(PR_SET_TIMERSLACK, ns, 0, 0, 0) != 0) return -errno;
     return 0;
 }

@@ -34,12 +34,17 @@ final class Counter: @unchecked Sendable {
         AtomicMemory.increment(word, ordering: .releasing)
         Futex(word).wakeAll()
     }
-    /// Blocks until the count reaches `target`.
+    /// Blocks until the count reaches `target`, at most 10 s (a benchmark
+    /// must never hang: a peer that stops delivering is reported instead).
     func wait(for target: UInt32) {
+        let deadline = MonotonicClock.now.advanced(by: .seconds(10))
         while true {
             let v = value
             if v >= target { return }
-            _ = Futex(word).wait(expecting: v)
+            if Futex(word).wait(expecting: v, until: deadline) == .timedOut {
+                FileHandle.standardError.write(Data("RunLoop benchmarks: an event did not arrive within 10 s\n".utf8))
+                return
+            }
         }
     }
 }
@@ -145,6 +150,8 @@ final class TimerProbe: @unchecked Sendable {
     // @unchecked: `start` is written before the timer starts; `fired` is a Counter.
     let fired = Counter()
     var start = MonotonicClock.now
+    /// Whatever must stay alive for the timer to keep firing.
+    var keepAlive: AnyObject?
     let period: Duration = .milliseconds(1)
 
     func scheduled(_ k: UInt32) -> MonotonicClock.Instant {
@@ -199,6 +206,7 @@ func dispatchTimerProbe() -> TimerProbe {
     source.schedule(deadline: .now() + .milliseconds(3), repeating: .milliseconds(1), leeway: .nanoseconds(0))
     source.setEventHandler { probe.fired.bump() }
     source.resume()
+    probe.keepAlive = source as AnyObject
     probe.fired.wait(for: 1)
     return probe
 }

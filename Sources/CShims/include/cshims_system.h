@@ -44,6 +44,11 @@ int cshims_numa_run_on_node(int node);
 // Makes the calling thread's allocations prefer `node` (numa_set_preferred(3)).
 int cshims_numa_set_preferred(int node);
 
+// Sets the calling thread's timer slack (prctl(PR_SET_TIMERSLACK)): how
+// much later than asked the kernel may end its timed sleeps, to batch
+// wake-ups. Linux's default is 50 µs.
+int cshims_set_timer_slack(unsigned long ns);
+
 // Moves the calling process into a private mount namespace
 // (unshare(CLONE_NEWNS)) whose mounts do not propagate back: tests use it to
 // mount a read-only file system without touching the host's.

@@ -33,6 +33,10 @@ enum LoopRegistry {
 
     private static func install(_ loop: ThreadLoop) -> ThreadLoop {
         pthread_setspecific(key, Unmanaged.passRetained(loop).toOpaque())
+        // The loop thread's timed sleeps end on time: Linux would otherwise
+        // let each run up to 50 µs late (the default timer slack). Timers ask
+        // for coalescing themselves, through their tolerance.
+        _ = cshims_set_timer_slack(1)
         return loop
     }
 
