@@ -6,16 +6,14 @@
 ///   lock, so an oversubscribed machine does not burn its cores), then sleeps
 ///   in the kernel (`futex(FUTEX_WAIT_BITSET)`) until an `unlock` wakes it.
 /// - Eventually fair: the lock normally goes to whichever thread grabs it
-///   first (the fastest policy), but about every `fairnessInterval` an
-///   `unlock` that finds sleepers hands the lock directly to a woken sleeper
-///   (the futex queue is first-in first-out), so a thread that keeps
-///   re-taking a busy lock gives it up within about that interval instead of
-///   keeping it for its whole time slice, and no thread starves.
+///   first (the fastest policy), but at most every `fairnessInterval` (1 ms on average) an
+///   `unlock` that finds sleepers hands the lock directly to the thread that
+///   has slept longest (the futex queue is first-in first-out), so no thread
+///   starves however busy the lock is.
 /// - Deadlines on the monotonic clock (`lock(before:)`, `lock(timeout:)`).
 ///
 /// `Lock` is a handle: copies share one lock. The lock word lives in a
-/// 24-byte heap object, one 32-byte malloc block (`NSLock` takes two
-/// allocations, 80 bytes), that never moves.
+/// 28-byte heap object (32 with malloc's rounding; `NSLock` takes 80) that never moves.
 ///
 /// Memory: acquiring orders like an acquire, `unlock` like a release (see
 /// `Locking`). Misuse: `unlock()` of a lock that is not locked stops the
@@ -31,9 +29,9 @@ public struct Lock: Locking, @unchecked Sendable {
     public static var fairnessInterval: Duration { FutexMutex.fairnessInterval }
 
     @usableFromInline
-    final class Storage: ManagedBuffer<UInt32, UInt32> {}
-    // Header: the hand-off clock; one tail element: the lock word.
-    // 16 (object header) + 4 + 4 = 24 bytes: one 32-byte malloc block.
+    final class Storage: ManagedBuffer<Int64, UInt32> {}
+    // Header: the next hand-off time; one tail element: the lock word.
+    // 16 (object header) + 8 + 4 = 28 bytes on the heap.
 
     @usableFromInline let storage: Storage
     @usableFromInline let mutex: FutexMutex
@@ -44,7 +42,7 @@ public struct Lock: Locking, @unchecked Sendable {
         storage = unsafeDowncast(buffer, to: Storage.self)
         let word = storage.withUnsafeMutablePointerToElements { $0 }
         word.initialize(to: 0)
-        mutex = FutexMutex(word: word, handoffClock: storage.withUnsafeMutablePointerToHeader { $0 })
+        mutex = FutexMutex(word: word, nextHandoff: storage.withUnsafeMutablePointerToHeader { $0 })
     }
 
     /// The raw lock word, for tests and diagnostics: 0 when idle.

@@ -19,7 +19,7 @@ public struct RecursiveLock: Locking, @unchecked Sendable {
 
     @usableFromInline
     struct Header {
-        @usableFromInline var handoffClock: UInt32
+        @usableFromInline var nextHandoff: Int64
         /// `pthread_self()` of the holder, or 0. Atomic: other threads read it.
         @usableFromInline var owner: UInt
         /// How many times the holder has locked. Only the holder touches it.
@@ -36,14 +36,14 @@ public struct RecursiveLock: Locking, @unchecked Sendable {
 
     /// A new, unlocked recursive lock.
     public init() {
-        let buffer = Storage.create(minimumCapacity: 1) { _ in Header(handoffClock: 0, owner: 0, depth: 0) }
+        let buffer = Storage.create(minimumCapacity: 1) { _ in Header(nextHandoff: 0, owner: 0, depth: 0) }
         storage = unsafeDowncast(buffer, to: Storage.self)
         let word = storage.withUnsafeMutablePointerToElements { $0 }
         word.initialize(to: 0)
         let header = storage.withUnsafeMutablePointerToHeader { UnsafeMutableRawPointer($0) }
         mutex = FutexMutex(
             word: word,
-            handoffClock: (header + MemoryLayout<Header>.offset(of: \.handoffClock)!).assumingMemoryBound(to: UInt32.self))
+            nextHandoff: (header + MemoryLayout<Header>.offset(of: \.nextHandoff)!).assumingMemoryBound(to: Int64.self))
         owner = (header + MemoryLayout<Header>.offset(of: \.owner)!).assumingMemoryBound(to: UInt.self)
         depth = (header + MemoryLayout<Header>.offset(of: \.depth)!).assumingMemoryBound(to: Int.self)
     }
