@@ -163,6 +163,15 @@ int cshims_thread_join_until(pthread_t thread, int64_t deadline_ns) {
     return -rc;
 }
 
+int cshims_thread_stack_self(void **base, size_t *size) {
+    pthread_attr_t attr;
+    int rc = pthread_getattr_np(pthread_self(), &attr);
+    if (rc != 0) return -rc;
+    rc = pthread_attr_getstack(&attr, base, size);
+    pthread_attr_destroy(&attr);
+    return -rc;
+}
+
 int cshims_thread_attr_set_affinity(pthread_attr_t *attr, const uint64_t *words, size_t nwords) {
     return -pthread_attr_setaffinity_np(attr, nwords * sizeof(uint64_t),
                                         (const cpu_set_t *)(const void *)words);

@@ -64,6 +64,10 @@ int32_t cshims_thread_tid(pthread_t thread);
 // The thread's return value is discarded.
 int cshims_thread_join_until(pthread_t thread, int64_t deadline_ns);
 
+// The calling thread's stack: its lowest address and its size in bytes
+// (pthread_getattr_np(3); for the main thread, the size is RLIMIT_STACK's).
+int cshims_thread_stack_self(void **base, size_t *size);
+
 // Restricts threads created with `attr` to the CPUs in the mask (bit c of
 // words[c / 64] is CPU c; pthread_attr_setaffinity_np(3)).
 int cshims_thread_attr_set_affinity(pthread_attr_t *attr, const uint64_t *words, size_t nwords);
