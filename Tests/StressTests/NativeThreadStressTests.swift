@@ -150,4 +150,25 @@ struct NativeThreadStressTests {
             #expect(try thread.join() == false)
         }
     }
+
+    /// Joinable threads whose `SpawnedThread` is released without a join,
+    /// some before the body ends and some after: each is detached by the
+    /// last release, on whichever thread that happens.
+    @Test func releasedWithoutJoinDetachesOnEitherSide() {
+        let count = 200
+        let ran = Latch(count)
+        let release = Latch()
+        var kept: [SpawnedThread<Int>] = []
+        for i in 0..<count {
+            let thread = try! NativeThread.start { () -> Int in
+                if i % 2 == 0 { release.wait() }
+                ran.countDown()
+                return i
+            }
+            if i % 4 == 1 { kept.append(thread) }
+        }
+        release.countDown()
+        #expect(ran.wait())
+        kept.removeAll()
+    }
 }
