@@ -137,6 +137,8 @@ int cshims_numa_prefer_node(int node) {
 
 // --- Threads -----------------------------------------------------------------
 
+__thread void *cshims_current_thread_record = NULL;
+
 // The kernel's per-thread CPU clock id: bits 0-1 the clock (2 = scheduler
 // time), bit 2 set for a thread rather than a process, bits 3 and up the id
 // inverted (include/linux/posix-timers_types.h).

@@ -49,6 +49,14 @@ int cshims_numa_set_preferred(int node);
 // Calls on behalf of Spindle's NativeThread. pthread functions report errors
 // as their return value; these wrappers turn that into -errno like the rest.
 
+// The calling thread's Spindle record (an opaque pointer Spindle owns), in a
+// C thread-local: one load from the thread pointer, and nothing for glibc to
+// clean up at thread exit (unlike a pthread key, whose use makes every
+// exiting thread walk its key table).
+extern __thread void *cshims_current_thread_record;
+CSHIMS_INLINE void *cshims_current_thread(void) { return cshims_current_thread_record; }
+CSHIMS_INLINE void cshims_set_current_thread(void *record) { cshims_current_thread_record = record; }
+
 // The kernel thread id of `thread` without a system call, or -ESRCH once the
 // thread has exited. glibc keeps the id in the thread's descriptor and hands
 // it out only encoded in the thread's CPU-time clock id; the encoding

@@ -1,4 +1,5 @@
 import CShims
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -33,18 +34,25 @@ import Musl
 /// has one object for its whole life.
 public class NativeThread: @unchecked Sendable, Hashable, CustomStringConvertible {
     // @unchecked Sendable: the fields fall into three groups.
-    // - Set in init and never changed: `control`, `creationName`, `isMain`.
-    // - The control words, accessed only through AtomicMemory and futexes.
+    // - `isMain`: set in init and never changed.
+    // - The `Atomic` words, and the futex words they point to, accessed only
+    //   atomically and through the kernel.
     // - `dictionaryStorage` and `locals`: read and written only by the thread
     //   itself (`requireCurrent` checks the public entry points), then emptied
     //   on that thread as it exits.
 
-    /// Control words, on their own allocation so that futex waits have a
-    /// stable address: see `ControlWord` for the layout.
-    let control: UnsafeMutableRawPointer
-
-    /// The name the thread was created with, shown once it has exited.
-    let creationName: String?
+    /// `Lifecycle` bits.
+    final let lifecycle: Atomic<UInt32>
+    /// The kernel thread id; 0 until known.
+    final let tid: Atomic<Int32>
+    /// The `pthread_t` of a spawned thread, once created.
+    final let pthread: Atomic<UInt>
+    /// `Cancellation` bits.
+    final let cancellation = Atomic<UInt32>(0)
+    /// The futex word `sleep` waits on, allocated by the thread itself on its
+    /// first sleep (most threads never sleep) and freed in deinit. Holds
+    /// `SleepWord` bits.
+    final let sleepWord = Atomic<UnsafeMutablePointer<UInt32>?>(nil)
 
     /// Whether this object stands for the process's main thread.
     let isMain: Bool
@@ -54,21 +62,6 @@ public class NativeThread: @unchecked Sendable, Hashable, CustomStringConvertibl
 
     /// `ThreadLocal` values by slot; owned by the thread.
     final var locals: [ThreadLocalBox?] = []
-
-    /// Offsets into `control`.
-    enum ControlWord {
-        /// UInt32 `Lifecycle` bits.
-        static let lifecycle = 0
-        /// UInt32 `Cancellation` bits; the futex that `sleep` waits on.
-        static let cancellation = 4
-        /// Int32 kernel thread id; 0 until known.
-        static let tid = 8
-        /// UInt32 `Setup` state; the futex `start()` waits on for a verdict.
-        static let setup = 12
-        /// UInt64 `pthread_t` of a spawned thread, once created.
-        static let pthread = 16
-        static let byteCount = 24
-    }
 
     /// Bits of the lifecycle word.
     enum Lifecycle {
@@ -89,52 +82,30 @@ public class NativeThread: @unchecked Sendable, Hashable, CustomStringConvertibl
     enum Cancellation {
         /// `cancel()` was called.
         static let requested: UInt32 = 1
-        /// The thread is in (or about to enter) a futex sleep on this word, so
-        /// `cancel()` must wake it.
+    }
+
+    /// Bits of the sleep word.
+    enum SleepWord {
+        /// Mirrors `Cancellation.requested`, set by `cancel()`.
+        static let cancelled: UInt32 = 1
+        /// The thread is in (or about to enter) a futex sleep on this word,
+        /// so `cancel()` must wake it.
         static let sleeping: UInt32 = 2
     }
 
-    /// Values of the setup word.
-    enum Setup {
-        static let pending: UInt32 = 0
-        static let succeeded: UInt32 = 1
-        static let failed: UInt32 = 2
-    }
-
-    init(lifecycle: UInt32, tid: Int32, name: String?, isMain: Bool = false) {
-        control = UnsafeMutableRawPointer.allocate(byteCount: ControlWord.byteCount, alignment: 8)
-        control.initializeMemory(as: UInt8.self, repeating: 0, count: ControlWord.byteCount)
-        control.storeBytes(of: lifecycle, toByteOffset: ControlWord.lifecycle, as: UInt32.self)
-        control.storeBytes(of: tid, toByteOffset: ControlWord.tid, as: Int32.self)
-        creationName = name
+    init(lifecycle: UInt32, tid: Int32, isMain: Bool = false) {
+        self.lifecycle = Atomic(lifecycle)
+        self.tid = Atomic(tid)
+        self.pthread = Atomic(0)
         self.isMain = isMain
     }
 
     deinit {
-        control.deallocate()
+        if let word = sleepWord.load(ordering: .acquiring) { word.deallocate() }
     }
 
-    // MARK: Control word access
-
-    final var lifecycleWord: UnsafeMutablePointer<UInt32> {
-        (control + ControlWord.lifecycle).assumingMemoryBound(to: UInt32.self)
-    }
-
-    final var cancellationWord: UnsafeMutablePointer<UInt32> {
-        (control + ControlWord.cancellation).assumingMemoryBound(to: UInt32.self)
-    }
-
-    final var tidWord: UnsafeMutablePointer<Int32> {
-        (control + ControlWord.tid).assumingMemoryBound(to: Int32.self)
-    }
-
-    final var setupWord: UnsafeMutablePointer<UInt32> {
-        (control + ControlWord.setup).assumingMemoryBound(to: UInt32.self)
-    }
-
-    final var pthreadWord: UnsafeMutablePointer<UInt64> {
-        (control + ControlWord.pthread).assumingMemoryBound(to: UInt64.self)
-    }
+    /// The name the thread was created with, shown once it has exited.
+    var creationName: String? { nil }
 
     /// Runs a spawned thread's body; `SpawnedThread` overrides it. Called by
     /// the entry routine on the new thread.
@@ -152,7 +123,7 @@ public class NativeThread: @unchecked Sendable, Hashable, CustomStringConvertibl
     /// pthread) gets a `NativeThread` on its first call, kept until the
     /// thread exits; for the main thread it is `NativeThread.main`.
     public static var current: NativeThread {
-        if let raw = pthread_getspecific(currentThreadKey) {
+        if let raw = cshims_current_thread() {
             return Unmanaged<NativeThread>.fromOpaque(raw).takeUnretainedValue()
         }
         return registerCallingThread()
@@ -160,7 +131,7 @@ public class NativeThread: @unchecked Sendable, Hashable, CustomStringConvertibl
 
     /// The current thread's object if it has one, without registering it.
     static var currentIfRegistered: NativeThread? {
-        guard let raw = pthread_getspecific(currentThreadKey) else { return nil }
+        guard let raw = cshims_current_thread() else { return nil }
         return Unmanaged<NativeThread>.fromOpaque(raw).takeUnretainedValue()
     }
 
@@ -168,7 +139,7 @@ public class NativeThread: @unchecked Sendable, Hashable, CustomStringConvertibl
     /// from any thread. Its thread-local values are not destroyed when the
     /// process exits: the process ends around it.
     public static let main = NativeThread(
-        lifecycle: Lifecycle.started | Lifecycle.foreign, tid: getpid(), name: nil, isMain: true)
+        lifecycle: Lifecycle.started | Lifecycle.foreign, tid: getpid(), isMain: true)
 
     /// Whether the calling thread is the main thread.
     public static var isMainThread: Bool { current.isMain }
@@ -181,10 +152,13 @@ public class NativeThread: @unchecked Sendable, Hashable, CustomStringConvertibl
         let tid = cshims_gettid()
         let thread = tid == getpid()
             ? NativeThread.main
-            : NativeThread(lifecycle: Lifecycle.started | Lifecycle.foreign, tid: tid, name: nil)
-        // The key holds one reference, given up by its destructor at exit.
-        let rc = pthread_setspecific(currentThreadKey, Unmanaged.passRetained(thread).toOpaque())
+            : NativeThread(lifecycle: Lifecycle.started | Lifecycle.foreign, tid: tid)
+        // The key holds one reference, given up by its destructor at exit;
+        // the C thread-local is the fast way back to it.
+        let record = Unmanaged.passRetained(thread).toOpaque()
+        let rc = pthread_setspecific(currentThreadKey, record)
         if rc != 0 { misuse("pthread_setspecific failed: \(errnoDescription(rc))") }
+        cshims_set_current_thread(record)
         return thread
     }
 
@@ -195,13 +169,15 @@ public class NativeThread: @unchecked Sendable, Hashable, CustomStringConvertibl
     /// calls take. 0 for a `SpawnedThread` until `start()` has returned.
     /// Linux reuses ids once a thread has exited. Does not block.
     public final var id: Int32 {
-        let tid = AtomicMemory.load(from: tidWord, ordering: .relaxed)
-        if tid != 0 { return tid }
-        // A thread that asks for its own id before its starter has filled it in.
+        let known = tid.load(ordering: .relaxed)
+        if known != 0 { return known }
+        // A thread that asks for its own id before its starter has filled it
+        // in: read it from its own descriptor (no system call).
         guard NativeThread.currentIfRegistered === self else { return 0 }
-        let own = cshims_gettid()
-        _ = AtomicMemory.compareAndSwap(expected: 0, desired: own, at: tidWord, ordering: .relaxed)
-        return own
+        let own = cshims_thread_tid(pthread_self())
+        let value = own > 0 ? own : cshims_gettid()
+        _ = tid.compareExchange(expected: 0, desired: value, ordering: .relaxed)
+        return value
     }
 
     /// The thread's name as the kernel has it (`ps`, `top`, debuggers): read
@@ -213,11 +189,11 @@ public class NativeThread: @unchecked Sendable, Hashable, CustomStringConvertibl
         if NativeThread.currentIfRegistered === self {
             return ThreadCalls.nameOfCallingThread() ?? creationName
         }
-        let state = AtomicMemory.load(from: lifecycleWord, ordering: .acquiring)
+        let state = lifecycle.load(ordering: .acquiring)
         guard state & Lifecycle.started != 0, state & Lifecycle.finished == 0 else { return creationName }
-        let tid = AtomicMemory.load(from: tidWord, ordering: .relaxed)
-        guard tid > 0 else { return creationName }
-        return ThreadCalls.name(of: tid) ?? creationName
+        let known = tid.load(ordering: .relaxed)
+        guard known > 0 else { return creationName }
+        return ThreadCalls.name(of: known) ?? creationName
     }
 
     /// Renames the calling thread (`prctl(PR_SET_NAME)`). Throws `nameTooLong`
@@ -260,16 +236,21 @@ public class NativeThread: @unchecked Sendable, Hashable, CustomStringConvertibl
     /// more. Memory: a release. Whatever the caller wrote before `cancel()` is
     /// visible to the thread once it sees `isCancelled` return true.
     public final func cancel() {
-        let before = AtomicMemory.orOriginal(Cancellation.requested, into: cancellationWord, ordering: .acquiringAndReleasing)
-        if before & Cancellation.sleeping != 0 {
-            Futex(cancellationWord).wakeAll()
+        // Sequentially consistent, with the pointer load below and its
+        // mirror in `sleep`: either this sees the sleeper's word, or the
+        // sleeper sees `requested` before it sleeps.
+        cancellation.bitwiseOr(Cancellation.requested, ordering: .sequentiallyConsistent)
+        guard let word = sleepWord.load(ordering: .sequentiallyConsistent) else { return }
+        let before = AtomicMemory.orOriginal(SleepWord.cancelled, into: word, ordering: .sequentiallyConsistent)
+        if before & SleepWord.sleeping != 0 {
+            Futex(word).wakeAll()
         }
     }
 
     /// Whether `cancel()` has been called on this thread. Does not block.
     /// Memory: an acquire, pairing with `cancel()`'s release.
     public final var isCancelled: Bool {
-        AtomicMemory.load(from: cancellationWord, ordering: .acquiring) & Cancellation.requested != 0
+        cancellation.load(ordering: .acquiring) & Cancellation.requested != 0
     }
 
     // MARK: Sleeping
@@ -281,29 +262,42 @@ public class NativeThread: @unchecked Sendable, Hashable, CustomStringConvertibl
     /// past returns at once. Signals do not end it.
     ///
     /// Sleeps on a futex (`FUTEX_WAIT_BITSET` with an absolute
-    /// `CLOCK_MONOTONIC` deadline), which `cancel()` wakes.
+    /// `CLOCK_MONOTONIC` deadline), which `cancel()` wakes. The first sleep of
+    /// a thread allocates its 4-byte futex word.
     @discardableResult
     public static func sleep(until deadline: MonotonicClock.Instant) -> Bool {
         let thread = current
-        let word = thread.cancellationWord
-        // Announce the sleep, so that cancel() knows to wake us; acquiring, to
-        // pair with cancel()'s release if it already happened.
-        let before = AtomicMemory.orOriginal(Cancellation.sleeping, into: word, ordering: .acquiringAndReleasing)
-        defer { AtomicMemory.and(~Cancellation.sleeping, into: word, ordering: .relaxed) }
-        if before & Cancellation.requested != 0 { return false }
+        let word = thread.ownSleepWord()
+        // Announce the sleep, so that cancel() knows to wake us.
+        let before = AtomicMemory.orOriginal(SleepWord.sleeping, into: word, ordering: .sequentiallyConsistent)
+        defer { AtomicMemory.and(~SleepWord.sleeping, into: word, ordering: .relaxed) }
+        if before & SleepWord.cancelled != 0 { return false }
+        if thread.cancellation.load(ordering: .sequentiallyConsistent) & Cancellation.requested != 0 { return false }
         let futex = Futex(word)
         while true {
-            // The word is exactly `sleeping` until cancel() sets `requested`,
+            // The word is exactly `sleeping` until cancel() sets `cancelled`,
             // and then the kernel refuses to sleep: no wake-up can be lost.
-            switch futex.wait(expecting: Cancellation.sleeping, until: deadline) {
+            switch futex.wait(expecting: SleepWord.sleeping, until: deadline) {
             case .timedOut:
                 return true
             case .woken, .valueChanged:
-                if AtomicMemory.load(from: word, ordering: .acquiring) & Cancellation.requested != 0 { return false }
+                if AtomicMemory.load(from: word, ordering: .acquiring) & SleepWord.cancelled != 0 { return false }
                 if MonotonicClock.now >= deadline { return true }
                 // A spurious wake-up: sleep again.
             }
         }
+    }
+
+    /// The calling thread's sleep word, made on first use. Publishing it is
+    /// sequentially consistent, pairing with `cancel()`: if `cancel()` does
+    /// not see the word, the `isCancelled` check after this sees the request.
+    private final func ownSleepWord() -> UnsafeMutablePointer<UInt32> {
+        if let word = sleepWord.load(ordering: .relaxed) { return word }
+        let word = UnsafeMutablePointer<UInt32>.allocate(capacity: 1)
+        word.initialize(to: 0)
+        // Only the thread itself stores the pointer, so a plain store suffices.
+        sleepWord.store(word, ordering: .sequentiallyConsistent)
+        return word
     }
 
     /// Blocks the calling thread for `duration`, or until it is cancelled;
@@ -347,6 +341,7 @@ public class NativeThread: @unchecked Sendable, Hashable, CustomStringConvertibl
     /// its dictionary. A destructor may store new values; they are destroyed
     /// in another round, up to `exitRounds`.
     final func runExitDuties() {
+        if locals.isEmpty && dictionaryStorage == nil { return }
         for _ in 0..<NativeThread.exitRounds {
             let boxes = locals
             let dictionary = dictionaryStorage
@@ -372,11 +367,11 @@ public class NativeThread: @unchecked Sendable, Hashable, CustomStringConvertibl
     /// is known to have finished.
     final func targetTid(_ api: String) throws(NativeThreadError) -> Int32 {
         if NativeThread.currentIfRegistered === self { return 0 }
-        let state = AtomicMemory.load(from: lifecycleWord, ordering: .acquiring)
-        let tid = AtomicMemory.load(from: tidWord, ordering: .relaxed)
+        let state = lifecycle.load(ordering: .acquiring)
+        let known = tid.load(ordering: .relaxed)
         require(state & Lifecycle.started != 0, "NativeThread.\(api): the thread has not been started")
-        if state & Lifecycle.finished != 0 || tid == 0 { throw .threadExited(id: tid) }
-        return tid
+        if state & Lifecycle.finished != 0 || known == 0 { throw .threadExited(id: known) }
+        return known
     }
 
     /// The CPUs this thread may run on (`sched_getaffinity(2)`). Throws
@@ -448,11 +443,11 @@ public class NativeThread: @unchecked Sendable, Hashable, CustomStringConvertibl
 
 // MARK: - The current-thread key
 
-/// Maps each thread to its `NativeThread`. A spawned thread sets it on entry
-/// (borrowing the reference its entry routine holds) and clears it before it
-/// returns. A thread Spindle did not create gets an owned reference when it
-/// first asks for `current`; the destructor below runs as that thread exits,
-/// destroys its thread-local values and gives the reference up.
+/// Holds the owned reference of each thread Spindle did not create, from its
+/// first `current` until it exits; the destructor below runs then, destroys
+/// its thread-local values and gives the reference up. (Spindle's own threads
+/// only use the C thread-local `cshims_current_thread`, which they clear
+/// themselves before returning.)
 let currentThreadKey: pthread_key_t = {
     var key = pthread_key_t()
     let rc = pthread_key_create(&key, currentThreadKeyDestructor)
@@ -469,8 +464,10 @@ private func currentThreadKeyDestructor(_ raw: UnsafeMutableRawPointer?) {
     // destructors run, so that `current` inside them finds this thread
     // instead of registering a new one, then clear it for good.
     pthread_setspecific(currentThreadKey, raw)
+    cshims_set_current_thread(raw)
     let thread = Unmanaged<NativeThread>.fromOpaque(raw)
     thread.takeUnretainedValue().runExitDuties()
+    cshims_set_current_thread(nil)
     pthread_setspecific(currentThreadKey, nil)
     thread.release()
 }

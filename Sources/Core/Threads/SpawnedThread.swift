@@ -1,4 +1,5 @@
 import CShims
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -30,57 +31,85 @@ import Musl
 /// never dropped without a word.
 ///
 /// **Cost.** `start()` is one `pthread_create` (plus a `pthread_attr_t` when
-/// attributes ask for a stack size, scheduling or CPUs), and this object is
-/// the only allocation besides its small control block: it carries the closure
-/// and, later, the result. The new thread runs the closure right away, with
-/// no lock and no system call between entry and body, except when
-/// `Attributes.name`, a relative priority or a NUMA node has to be applied
-/// by the thread to itself.
+/// attributes ask for a stack size, scheduling or CPUs). With the platform's
+/// default attributes this object is the only allocation: it carries the
+/// closure and, later, the result (held inline when it fits in 16 bytes).
+/// The new thread runs the closure right away, with no lock, no allocation
+/// and no system call between entry and body, except when `Attributes.name`,
+/// a relative priority or a NUMA node has to be applied by the thread to
+/// itself.
 ///
 /// **Misuse** stops the process with a message: starting twice, joining a
 /// thread that was never started, joining a detached thread, joining twice,
 /// and a thread joining itself.
 public final class SpawnedThread<Value: Sendable>: NativeThread, @unchecked Sendable {
     // @unchecked, as NativeThread's conformance; the fields added here:
-    // - `attributes`: immutable.
+    // - `custom`: immutable.
     // - `body`: written in init, taken by the new thread, which pthread_create
     //   orders after init and start().
-    // - `outcome`: written by the new thread before it sets `finished` (a
-    //   release); read by a joiner after pthread_join, or by deinit after an
-    //   acquiring load of `finished`.
-    // - `setupError`: written by the new thread before its releasing store
-    //   to the setup word; read by start() after an acquiring load of it.
+    // - The outcome (`outcome`, `thrown`, `inlineValue`, `heapValue`):
+    //   written by the new thread before it sets `finished` (a release);
+    //   read by a joiner after pthread_join, or by deinit after an acquiring
+    //   load of `finished`.
+    //
+    // None of the stored properties has a type built from `Value` (such as
+    // `Result<Value, Error>?`): unspecialized code would have to look up that
+    // type's metadata on every start and deinit, which measurably slowed
+    // thread creation. The value is kept in raw storage of `Value`'s layout.
 
-    /// The attributes the thread is (or will be) started with.
-    public let attributes: NativeThread.Attributes
-
+    /// Attributes other than the platform's defaults, with their launch
+    /// state; nil on the fast path.
+    private let custom: CustomLaunch?
     private var body: (() throws -> Value)?
-    private var outcome: Result<Value, any Error>?
-    private var setupError: NativeThreadError?
+    private var outcome = Outcome.none
+    private var thrown: (any Error)?
+    /// The value when it fits (`storesInline`), else `heapValue`.
+    private var inlineValue: (UInt64, UInt64) = (0, 0)
+    private var heapValue: UnsafeMutableRawPointer?
 
-    /// A thread that will run `body` once started with `attributes`. Nothing
-    /// runs, and nothing is checked, until `start()`.
-    public init(_ attributes: NativeThread.Attributes = NativeThread.Attributes(), _ body: sending @escaping () throws -> Value) {
-        self.attributes = attributes
+    private enum Outcome: UInt8 {
+        case none, value, error, taken
+    }
+
+    /// A thread that will run `body` with the platform's default attributes
+    /// (joinable, inherited scheduling and CPUs, the default stack) once
+    /// started. Nothing runs until `start()`.
+    public init(_ body: sending @escaping () throws -> Value) {
+        custom = nil
         self.body = body
-        super.init(lifecycle: 0, tid: 0, name: attributes.name)
+        super.init(lifecycle: 0, tid: 0)
+    }
+
+    /// A thread that will run `body` with `attributes` once started. Nothing
+    /// runs, and nothing is checked, until `start()`.
+    public init(_ attributes: NativeThread.Attributes, _ body: sending @escaping () throws -> Value) {
+        let plain = attributes.isPlatformDefault && !attributes.isDetached && attributes.onDetachedError == nil
+        custom = plain ? nil : CustomLaunch(attributes)
+        self.body = body
+        super.init(lifecycle: 0, tid: 0)
     }
 
     deinit {
-        let state = AtomicMemory.load(from: lifecycleWord, ordering: .acquiring)
-        guard state & Lifecycle.started != 0,
-              state & (Lifecycle.joined | Lifecycle.detached) == 0 else { return }
-        // Joinable, started, and now unreachable, so nobody can join it. The
-        // thread has finished: it held a reference until then. Detach it so
-        // that its stack goes back, and speak up about an error nobody saw.
-        pthread_detach(pthread_t(AtomicMemory.load(from: pthreadWord, ordering: .acquiring)))
-        if case .failure(let error)? = outcome {
-            NativeThread.writeUncaught(
-                error, from: "thread \(AtomicMemory.load(from: tidWord, ordering: .relaxed))"
-                    + (creationName.map { " \"\($0)\"" } ?? ""),
-                context: "was released without a join")
+        let state = lifecycle.load(ordering: .acquiring)
+        if state & Lifecycle.started != 0, state & (Lifecycle.joined | Lifecycle.detached) == 0 {
+            // Joinable, started, and now unreachable, so nobody can join it.
+            // The thread has finished: it held a reference until then. Detach
+            // it so that its stack goes back, and speak up about an error
+            // nobody saw.
+            pthread_detach(pthread_t(pthread.load(ordering: .acquiring)))
+            if outcome == .error, let thrown {
+                NativeThread.writeUncaught(
+                    thrown, from: "thread \(tid.load(ordering: .relaxed))" + (creationName.map { " \"\($0)\"" } ?? ""),
+                    context: "was released without a join")
+            }
         }
+        if outcome == .value { destroyValue() }
     }
+
+    /// The attributes the thread is (or will be) started with.
+    public var attributes: NativeThread.Attributes { custom?.attributes ?? NativeThread.Attributes() }
+
+    override var creationName: String? { custom?.attributes.name }
 
     // MARK: Starting
 
@@ -102,22 +131,26 @@ public final class SpawnedThread<Value: Sendable>: NativeThread, @unchecked Send
     /// Memory: everything written before `start()` is visible to the body.
     /// Calling it a second time after success stops the process.
     public func start() throws(NativeThreadError) {
-        let plan: LaunchPlan? = attributes.isPlatformDefault ? nil : try attributes.launchPlan()
-        let initial = Lifecycle.started | (attributes.isDetached ? Lifecycle.detached : 0)
-        guard AtomicMemory.compareAndSwap(expected: 0, desired: initial, at: lifecycleWord, ordering: .acquiringAndReleasing) else {
+        var plan: LaunchPlan? = nil
+        if let custom, !custom.attributes.isPlatformDefault {
+            plan = try custom.attributes.launchPlan()
+        }
+        let detached = custom?.attributes.isDetached ?? false
+        let initial = Lifecycle.started | (detached ? Lifecycle.detached : 0)
+        guard lifecycle.compareExchange(expected: 0, desired: initial, ordering: .acquiringAndReleasing).exchanged else {
             misuse("SpawnedThread.start(): \(self) was already started; a thread runs its body once")
         }
         do throws(NativeThreadError) {
-            try launch(plan)
+            try launch(plan, detached: detached)
         } catch {
-            AtomicMemory.store(0, to: tidWord, ordering: .relaxed)
-            AtomicMemory.store(0, to: pthreadWord, ordering: .relaxed)
-            AtomicMemory.store(0, to: lifecycleWord, ordering: .releasing)
+            tid.store(0, ordering: .relaxed)
+            pthread.store(0, ordering: .relaxed)
+            lifecycle.store(0, ordering: .releasing)
             throw error
         }
     }
 
-    private func launch(_ plan: LaunchPlan?) throws(NativeThreadError) {
+    private func launch(_ plan: LaunchPlan?, detached: Bool) throws(NativeThreadError) {
         // The new thread's reference, taken back by its entry routine.
         let argument = Unmanaged.passRetained(self as NativeThread).toOpaque()
         var thread = pthread_t()
@@ -131,24 +164,23 @@ public final class SpawnedThread<Value: Sendable>: NativeThread, @unchecked Send
             Unmanaged<NativeThread>.fromOpaque(argument).release()
             throw ThreadCalls.failure(rc, .create(stackSize: plan?.stackSize, cpus: plan?.cpus, policy: plan?.policyName))
         }
-        AtomicMemory.store(UInt64(thread), to: pthreadWord, ordering: .releasing)
-        // The id, without a system call; if the thread has already exited
-        // the thread stores it itself before it finishes.
-        let tid = cshims_thread_tid(thread)
-        if tid > 0 {
-            _ = AtomicMemory.compareAndSwap(expected: 0, desired: tid, at: tidWord, ordering: .relaxed)
-        }
-        if attributes.needsSetupOnThread, !awaitSetup() {
+        pthread.store(UInt(thread), ordering: .releasing)
+        // The id, from the new thread's descriptor, without a system call
+        // (the kernel wrote it there during clone). If the thread has already
+        // exited, it stores the id itself before it finishes.
+        let id = cshims_thread_tid(thread)
+        if id > 0 { _ = tid.compareExchange(expected: 0, desired: id, ordering: .relaxed) }
+        if let custom, custom.needsSetup, !custom.awaitSetup() {
             // The thread reported a refusal and is returning without running
             // the body; reclaim it, joinable or not, before reporting.
             let joined = pthread_join(thread, nil)
             if joined != 0 { misuse("pthread_join after a failed start: \(errnoDescription(joined))") }
-            throw setupError ?? .systemCall(SystemCallError(call: "thread setup", code: EINVAL))
+            throw custom.setupError ?? .systemCall(SystemCallError(call: "thread setup", code: EINVAL))
         }
         // Detached threads are created joinable and detached here, after the
         // id has been read from the thread's descriptor (which a detached
         // thread frees as it exits).
-        if attributes.isDetached { pthread_detach(thread) }
+        if detached { pthread_detach(thread) }
     }
 
     /// `pthread_create` with a `pthread_attr_t` built from `plan`.
@@ -179,85 +211,106 @@ public final class SpawnedThread<Value: Sendable>: NativeThread, @unchecked Send
         return pthread_create(&thread, &attr, spawnedThreadEntry, argument)
     }
 
-    /// Waits for the new thread's verdict on the settings it applies to
-    /// itself. Pairs with the releasing store in `applySetup()`.
-    private func awaitSetup() -> Bool {
-        let futex = Futex(setupWord)
-        while true {
-            let state = AtomicMemory.load(from: setupWord, ordering: .acquiring)
-            if state != Setup.pending { return state == Setup.succeeded }
-            _ = futex.wait(expecting: Setup.pending)
-        }
-    }
-
     // MARK: On the new thread
 
     override func runOnNewThread() {
         // Borrowed: the entry routine holds the reference until we return.
-        pthread_setspecific(currentThreadKey, Unmanaged.passUnretained(self as NativeThread).toOpaque())
-        if let name = attributes.name { ThreadCalls.setNameOfCallingThread(name) }
-        if attributes.needsSetupOnThread {
-            guard applySetup() else {
-                pthread_setspecific(currentThreadKey, nil)
+        cshims_set_current_thread(Unmanaged.passUnretained(self as NativeThread).toOpaque())
+        if let custom {
+            if let name = custom.attributes.name { ThreadCalls.setNameOfCallingThread(name) }
+            if custom.needsSetup, !custom.applySetup() {
+                cshims_set_current_thread(nil)
                 return
             }
         }
-        let result = runBody()
-        let state = AtomicMemory.load(from: lifecycleWord, ordering: .relaxed)
-        if state & Lifecycle.detached != 0 {
-            // Nobody will join: hand an error to the handler, drop a value here.
-            if case .failure(let error) = result { reportDetached(error) }
-        } else {
-            outcome = result
-        }
+        runBody()
         runExitDuties()
-        pthread_setspecific(currentThreadKey, nil)
-        if AtomicMemory.load(from: tidWord, ordering: .relaxed) == 0 {
-            // The thread ended before start() read its id from the descriptor.
-            _ = AtomicMemory.compareAndSwap(expected: 0, desired: cshims_gettid(), at: tidWord, ordering: .relaxed)
+        cshims_set_current_thread(nil)
+        if tid.load(ordering: .relaxed) == 0 {
+            // The thread ended before start() read its id: read it from our
+            // own descriptor.
+            let own = cshims_thread_tid(pthread_self())
+            _ = tid.compareExchange(expected: 0, desired: own > 0 ? own : cshims_gettid(), ordering: .relaxed)
         }
-        // Publishes `outcome`, for deinit (a joiner is ordered by pthread_join).
-        AtomicMemory.or(Lifecycle.finished, into: lifecycleWord, ordering: .releasing)
+        // Publishes the outcome, for deinit (a joiner is ordered by pthread_join).
+        lifecycle.bitwiseOr(Lifecycle.finished, ordering: .releasing)
     }
 
-    /// Runs the body once and releases it (and what it captured) on this thread.
-    private func runBody() -> Result<Value, any Error> {
+    /// Runs the body once, keeps its outcome (or, detached, reports an error
+    /// and drops a value), and releases the body and what it captured on
+    /// this thread.
+    private func runBody() {
         guard let body else { misuse("SpawnedThread: body missing on entry") }
         self.body = nil
+        let detached = lifecycle.load(ordering: .relaxed) & Lifecycle.detached != 0
         do {
-            return .success(try body())
-        } catch {
-            return .failure(error)
-        }
-    }
-
-    /// Applies the nice value and NUMA memory preference the thread sets on
-    /// itself, and tells `start()` the verdict. Returns whether it succeeded.
-    private func applySetup() -> Bool {
-        var failure: NativeThreadError? = nil
-        do throws(NativeThreadError) {
-            if case .relative(let value)? = attributes.priority {
-                try ThreadCalls.setNice(of: 0, to: Priority.niceValue(forRelative: value))
-            }
-            if let node = attributes.numaNode {
-                try ThreadCalls.preferNode(Int32(node))
+            let value = try body()
+            if !detached {
+                storeValue(value)
+                outcome = .value
             }
         } catch {
-            failure = error
+            if detached {
+                reportDetached(error)
+            } else {
+                thrown = error
+                outcome = .error
+            }
         }
-        setupError = failure
-        // Publishes `setupError`; pairs with the acquiring load in awaitSetup().
-        AtomicMemory.store(failure == nil ? Setup.succeeded : Setup.failed, to: setupWord, ordering: .releasing)
-        Futex(setupWord).wake(1)
-        return failure == nil
     }
 
     private func reportDetached(_ error: any Error) {
-        if let handler = attributes.onDetachedError {
+        if let handler = custom?.attributes.onDetachedError {
             handler(error, self)
         } else {
             NativeThread.writeUncaught(error, from: "\(self)", context: "is detached")
         }
+    }
+
+    // MARK: The value, in raw storage
+
+    /// Whether a `Value` fits in `inlineValue`.
+    private static var storesInline: Bool {
+        MemoryLayout<Value>.size <= MemoryLayout<(UInt64, UInt64)>.size
+            && MemoryLayout<Value>.alignment <= MemoryLayout<(UInt64, UInt64)>.alignment
+    }
+
+    private func storeValue(_ value: Value) {
+        if SpawnedThread.storesInline {
+            withUnsafeMutableBytes(of: &inlineValue) { bytes in
+                bytes.baseAddress!.bindMemory(to: Value.self, capacity: 1).initialize(to: value)
+            }
+        } else {
+            let storage = UnsafeMutablePointer<Value>.allocate(capacity: 1)
+            storage.initialize(to: value)
+            heapValue = UnsafeMutableRawPointer(storage)
+        }
+    }
+
+    private func takeValue() -> Value {
+        if SpawnedThread.storesInline {
+            return withUnsafeMutableBytes(of: &inlineValue) { bytes in
+                bytes.baseAddress!.assumingMemoryBound(to: Value.self).move()
+            }
+        }
+        let storage = heapValue!.assumingMemoryBound(to: Value.self)
+        heapValue = nil
+        defer { storage.deallocate() }
+        return storage.move()
+    }
+
+    private func destroyValue() {
+        if SpawnedThread.storesInline {
+            withUnsafeMutableBytes(of: &inlineValue) { bytes in
+                _ = bytes.baseAddress!.assumingMemoryBound(to: Value.self).deinitialize(count: 1)
+            }
+        } else if let heapValue {
+            let storage = heapValue.assumingMemoryBound(to: Value.self)
+            storage.deinitialize(count: 1)
+            storage.deallocate()
+            self.heapValue = nil
+        }
+        outcome = .taken
     }
 
     // MARK: Joining
@@ -296,7 +349,7 @@ public final class SpawnedThread<Value: Sendable>: NativeThread, @unchecked Send
             return try takeOutcome()
         case ETIMEDOUT, EBUSY:
             // Still running: joinable again.
-            AtomicMemory.and(~Lifecycle.joined, into: lifecycleWord, ordering: .releasing)
+            lifecycle.bitwiseAnd(~Lifecycle.joined, ordering: .releasing)
             return nil
         default:
             misuse("SpawnedThread.join(until:): pthread_clockjoin_np on \(self) failed: \(errnoDescription(-rc))")
@@ -308,12 +361,12 @@ public final class SpawnedThread<Value: Sendable>: NativeThread, @unchecked Send
     /// Does not block. Memory: an acquire, pairing with the thread's release
     /// of its outcome.
     public var isFinished: Bool {
-        AtomicMemory.load(from: lifecycleWord, ordering: .acquiring) & Lifecycle.finished != 0
+        lifecycle.load(ordering: .acquiring) & Lifecycle.finished != 0
     }
 
     /// Whether the thread was started (or is being started) detached.
     public var isDetached: Bool {
-        AtomicMemory.load(from: lifecycleWord, ordering: .relaxed) & Lifecycle.detached != 0
+        lifecycle.load(ordering: .relaxed) & Lifecycle.detached != 0
     }
 
     /// Claims the right to join, or stops the process on misuse.
@@ -321,7 +374,7 @@ public final class SpawnedThread<Value: Sendable>: NativeThread, @unchecked Send
         if NativeThread.currentIfRegistered === self {
             misuse("SpawnedThread.\(api): \(self) is trying to join itself; it would wait forever for its own end")
         }
-        let before = AtomicMemory.orOriginal(Lifecycle.joined, into: lifecycleWord, ordering: .acquiringAndReleasing)
+        let before = lifecycle.bitwiseOr(Lifecycle.joined, ordering: .acquiringAndReleasing).oldValue
         if before & Lifecycle.started == 0 {
             misuse("SpawnedThread.\(api): \(self) was never started; call start() first")
         }
@@ -331,14 +384,87 @@ public final class SpawnedThread<Value: Sendable>: NativeThread, @unchecked Send
         if before & Lifecycle.joined != 0 {
             misuse("SpawnedThread.\(api): \(self) was already joined (or another thread is joining it); a thread is joined once")
         }
-        return pthread_t(AtomicMemory.load(from: pthreadWord, ordering: .acquiring))
+        return pthread_t(pthread.load(ordering: .acquiring))
     }
 
     /// The outcome, after pthread_join ordered the thread's writes before us.
     private func takeOutcome() throws -> Value {
-        guard let result = outcome else { misuse("SpawnedThread: joined \(self) but it stored no outcome") }
-        outcome = nil
-        return try result.get()
+        switch outcome {
+        case .value:
+            outcome = .taken
+            return takeValue()
+        case .error:
+            outcome = .taken
+            let error = thrown!
+            thrown = nil
+            throw error
+        case .none, .taken:
+            misuse("SpawnedThread: joined \(self) but it stored no outcome")
+        }
+    }
+}
+
+/// Attributes other than the defaults, and the state of the settings a new
+/// thread applies to itself.
+final class CustomLaunch: @unchecked Sendable {
+    // @unchecked: `attributes`, `needsSetup` and `setupWord` are immutable;
+    // `setupError` is written by the new thread before its releasing store
+    // to the setup word, and read by start() after an acquiring load of it.
+    let attributes: NativeThread.Attributes
+    let needsSetup: Bool
+    /// The futex start() waits on for the verdict: `Setup` values.
+    let setupWord: UnsafeMutablePointer<UInt32>?
+    var setupError: NativeThreadError?
+
+    enum Setup {
+        static let pending: UInt32 = 0
+        static let succeeded: UInt32 = 1
+        static let failed: UInt32 = 2
+    }
+
+    init(_ attributes: NativeThread.Attributes) {
+        self.attributes = attributes
+        needsSetup = attributes.needsSetupOnThread
+        if needsSetup {
+            let word = UnsafeMutablePointer<UInt32>.allocate(capacity: 1)
+            word.initialize(to: Setup.pending)
+            setupWord = word
+        } else {
+            setupWord = nil
+        }
+    }
+
+    deinit { setupWord?.deallocate() }
+
+    /// On the new thread: applies the nice value and NUMA memory preference,
+    /// and tells `start()` the verdict. Returns whether it succeeded.
+    func applySetup() -> Bool {
+        var failure: NativeThreadError? = nil
+        do throws(NativeThreadError) {
+            if case .relative(let value)? = attributes.priority {
+                try ThreadCalls.setNice(of: 0, to: NativeThread.Priority.niceValue(forRelative: value))
+            }
+            if let node = attributes.numaNode {
+                try ThreadCalls.preferNode(Int32(node))
+            }
+        } catch {
+            failure = error
+        }
+        setupError = failure
+        // Publishes `setupError`; pairs with the acquiring load in awaitSetup().
+        AtomicMemory.store(failure == nil ? Setup.succeeded : Setup.failed, to: setupWord!, ordering: .releasing)
+        Futex(setupWord!).wake(1)
+        return failure == nil
+    }
+
+    /// On the starter: waits for the new thread's verdict.
+    func awaitSetup() -> Bool {
+        let futex = Futex(setupWord!)
+        while true {
+            let state = AtomicMemory.load(from: setupWord!, ordering: .acquiring)
+            if state != Setup.pending { return state == Setup.succeeded }
+            _ = futex.wait(expecting: Setup.pending)
+        }
     }
 }
 
@@ -351,11 +477,21 @@ private func spawnedThreadEntry(_ raw: UnsafeMutableRawPointer?) -> UnsafeMutabl
 }
 
 extension NativeThread {
-    /// Starts `body` on a new joinable thread with `attributes`: a
-    /// `SpawnedThread` made and started in one step. See
+    /// Starts `body` on a new joinable thread with the platform's default
+    /// attributes: a `SpawnedThread` made and started in one step. See
     /// `SpawnedThread.start()` for what it throws and `join()` for the result.
     public static func start<Value: Sendable>(
-        _ attributes: Attributes = Attributes(), _ body: sending @escaping () throws -> Value
+        _ body: sending @escaping () throws -> Value
+    ) throws(NativeThreadError) -> SpawnedThread<Value> {
+        let thread = SpawnedThread(body)
+        try thread.start()
+        return thread
+    }
+
+    /// Starts `body` on a new thread with `attributes` (joinable unless they
+    /// say otherwise): a `SpawnedThread` made and started in one step.
+    public static func start<Value: Sendable>(
+        _ attributes: Attributes, _ body: sending @escaping () throws -> Value
     ) throws(NativeThreadError) -> SpawnedThread<Value> {
         let thread = SpawnedThread(attributes, body)
         try thread.start()
@@ -371,6 +507,8 @@ extension NativeThread {
     public static func detach(
         _ attributes: Attributes = Attributes(), _ body: sending @escaping () throws -> Void
     ) throws(NativeThreadError) -> NativeThread {
+        // (Detached threads always carry their attributes; the default
+        // argument costs nothing next to the allocation that needs.)
         var detached = attributes
         detached.isDetached = true
         let thread = SpawnedThread<Void>(detached, body)
