@@ -32,6 +32,13 @@ let package = Package(
         // Turns package-benchmark's JMH export into the side-by-side table.
         // Foundation only, so it builds and runs without the harness.
         .executableTarget(name: "BenchReport"),
+        // Thread creation latency (median and p99 from timestamps taken in
+        // the entry routine) and the memory a parked thread costs, printed.
+        // Spindle beside pthread and Foundation; no harness.
+        .executableTarget(
+            name: "ThreadCosts",
+            dependencies: [.product(name: "Spindle", package: "Spindle")]
+        ),
     ],
     swiftLanguageModes: [.v6]
 )
@@ -43,6 +50,7 @@ let package = Package(
 // products it measures; nothing else in the harness changes.
 let benchmarkTargets: [(name: String, dependencies: [Target.Dependency])] = [
     ("Atomics", [.product(name: "Spindle", package: "Spindle")]),
+    ("Threads", [.product(name: "Spindle", package: "Spindle")]),
 ]
 
 for (name, dependencies) in benchmarkTargets {

@@ -36,6 +36,42 @@ struct NativeThreadTests {
         #expect(ran.isOpen)
     }
 
+    @Test func valuesOfEveryLayoutSurviveTheHandOff() throws {
+        final class Tracked: Sendable {
+            let released: Latch
+            let tag: Int
+            init(_ tag: Int, _ released: Latch) { self.tag = tag; self.released = released }
+            deinit { released.countDown() }
+        }
+        struct Wide: Sendable, Equatable {
+            var a = 1, b = 2, c = 3, d = 4, e = 5
+        }
+        // Inline (up to 16 bytes): String, Int8, a class reference, Void.
+        #expect(try NativeThread.start { "a string longer than fifteen bytes" }.join() == "a string longer than fifteen bytes")
+        #expect(try NativeThread.start { Int8(-3) }.join() == -3)
+        #expect(try NativeThread.start { Optional<Int>.none }.join() == nil)
+        try NativeThread.start {}.join()
+        // Out of line: wider than 16 bytes.
+        #expect(try NativeThread.start { Wide() }.join() == Wide())
+        #expect(try NativeThread.start { [Wide(), Wide()] }.join().count == 2)
+
+        let takenReleased = Latch()
+        var taken: Tracked? = try NativeThread.start { Tracked(1, takenReleased) }.join()
+        #expect(taken?.tag == 1)
+        #expect(!takenReleased.isOpen, "the joiner owns the value")
+        taken = nil
+        #expect(takenReleased.isOpen)
+
+        // Never joined, inline and out of line: released with the handle.
+        let released = Latch(2)
+        let unjoined = try NativeThread.start { Tracked(2, released) }
+        let wide = try NativeThread.start { (Tracked(3, released), Wide()) }
+        while !unjoined.isFinished || !wide.isFinished { NativeThread.yield() }
+        _ = consume unjoined
+        _ = consume wide
+        #expect(released.wait(), "every value was released exactly once")
+    }
+
     @Test func joinRethrowsTheBodysError() throws {
         let thread = try NativeThread.start { () throws -> Int in throw BodyError(code: 7) }
         #expect(throws: BodyError(code: 7)) { try thread.join() }
