@@ -60,7 +60,7 @@ public final class SpawnedThread<Value: Sendable>: NativeThread, @unchecked Send
     /// Attributes other than the platform's defaults, with their launch
     /// state; nil on the fast path.
     private let custom: CustomLaunch?
-    private var body: (() throws -> Value)?
+    @exclusivity(unchecked) private var body: (() throws -> Value)?
     private var outcome = Outcome.none
     private var thrown: (any Error)?
     /// The value when it fits (`storesInline`), else `heapValue`.
@@ -240,17 +240,21 @@ public final class SpawnedThread<Value: Sendable>: NativeThread, @unchecked Send
     /// and drops a value), and releases the body and what it captured on
     /// this thread.
     private func runBody() {
-        guard let body else { misuse("SpawnedThread: body missing on entry") }
+        // A load and a store, not `Optional.take()`: that generic call would
+        // need the closure type's metadata, a lookup on every start.
+        guard let body = self.body else { misuse("SpawnedThread: body missing on entry") }
         self.body = nil
-        let detached = lifecycle.load(ordering: .relaxed) & Lifecycle.detached != 0
+        // `detached` is read after the body, so that the way in touches as
+        // little as possible (the bit was set before pthread_create). No
+        // `Result<Value, Error>` here: see the note on the stored properties.
         do {
             let value = try body()
-            if !detached {
+            if lifecycle.load(ordering: .relaxed) & Lifecycle.detached == 0 {
                 storeValue(value)
                 outcome = .value
             }
         } catch {
-            if detached {
+            if lifecycle.load(ordering: .relaxed) & Lifecycle.detached != 0 {
                 reportDetached(error)
             } else {
                 thrown = error
