@@ -136,8 +136,9 @@ struct NativeThreadStressTests {
                 shared.value[index].cancel()
             }
         }
+        // A thread may be cancelled before its first round; every one must
+        // have seen the request when it returned.
         for thread in threads { #expect(try thread.join()) }
-        #expect((0..<count).allSatisfy { iterations[$0] >= 1 })
     }
 
     /// cancel() racing with the thread entering its sleep: the wake-up is
