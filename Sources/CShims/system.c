@@ -155,14 +155,31 @@ int32_t cshims_thread_tid(pthread_t thread) {
 
 int cshims_thread_join_until(pthread_t thread, int64_t deadline_ns) {
     if (deadline_ns < 0) return -pthread_tryjoin_np(thread, NULL);
-    struct timespec ts = {
-        .tv_sec = (time_t)(deadline_ns / 1000000000LL),
-        .tv_nsec = (long)(deadline_ns % 1000000000LL),
-    };
-    int rc;
-    // glibc retries EINTR itself; loop anyway, the deadline is absolute.
-    do { rc = pthread_clockjoin_np(thread, NULL, CLOCK_MONOTONIC, &ts); } while (rc == EINTR);
-    return -rc;
+    // pthread_clockjoin_np would take the CLOCK_MONOTONIC deadline as it is,
+    // but ThreadSanitizer does not intercept it (it would miss the join, and
+    // later trip over the reused pthread_t). pthread_timedjoin_np, which it
+    // does intercept, takes a CLOCK_REALTIME deadline; wait in slices of at
+    // most 50 ms, each converted afresh, so that a jump of the wall clock
+    // delays the return by at most one slice.
+    enum { SLICE_NS = 50 * 1000 * 1000 };
+    for (;;) {
+        struct timespec mono;
+        clock_gettime(CLOCK_MONOTONIC, &mono);
+        int64_t now = (int64_t)mono.tv_sec * 1000000000LL + mono.tv_nsec;
+        if (now >= deadline_ns) {
+            int rc = pthread_tryjoin_np(thread, NULL);
+            return rc == EBUSY ? -ETIMEDOUT : -rc;
+        }
+        int64_t slice = deadline_ns - now;
+        if (slice > SLICE_NS) slice = SLICE_NS;
+        struct timespec wall;
+        clock_gettime(CLOCK_REALTIME, &wall);
+        int64_t until = (int64_t)wall.tv_sec * 1000000000LL + wall.tv_nsec + slice;
+        struct timespec ts = { .tv_sec = (time_t)(until / 1000000000LL), .tv_nsec = (long)(until % 1000000000LL) };
+        int rc = pthread_timedjoin_np(thread, NULL, &ts);
+        if (rc == 0) return 0;
+        if (rc != ETIMEDOUT && rc != EINTR) return -rc;
+    }
 }
 
 int cshims_thread_stack_self(void **base, size_t *size) {

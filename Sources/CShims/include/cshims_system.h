@@ -66,8 +66,8 @@ CSHIMS_INLINE void cshims_set_current_thread(void *record) { cshims_current_thre
 int32_t cshims_thread_tid(pthread_t thread);
 
 // Joins `thread` if it ends by the absolute CLOCK_MONOTONIC deadline
-// `deadline_ns` (pthread_clockjoin_np(3)); a negative deadline does not wait
-// (pthread_tryjoin_np(3)). Returns 0 when joined, -ETIMEDOUT or -EBUSY while it
+// `deadline_ns` (pthread_timedjoin_np(3) in slices; see system.c); a negative
+// deadline does not wait (pthread_tryjoin_np(3)). Returns 0 when joined, -ETIMEDOUT or -EBUSY while it
 // still runs, or another -errno (-EDEADLK, -EINVAL, -ESRCH: caller bugs).
 // The thread's return value is discarded.
 int cshims_thread_join_until(pthread_t thread, int64_t deadline_ns);

@@ -339,7 +339,10 @@ public final class SpawnedThread<Value: Sendable>: NativeThread, @unchecked Send
     /// Joins the thread if it ends by `deadline`; returns nil, leaving it
     /// joinable, if it is still running then. `join(until: .now)` checks
     /// without waiting. Blocks the calling thread at most until the deadline
-    /// (`pthread_clockjoin_np(3)` on `CLOCK_MONOTONIC`). For a `Value` that is
+    /// (`pthread_timedjoin_np(3)`, in slices of at most 50 ms converted from
+    /// `CLOCK_MONOTONIC`, so that a wall-clock jump delays the return by at
+    /// most one slice; glibc's `pthread_clockjoin_np` would be exact, but
+    /// ThreadSanitizer does not know it). For a `Value` that is
     /// itself optional, tell the cases apart with `isFinished`.
     ///
     /// Same misuse rules as `join()`; in particular, two threads may not wait
@@ -356,7 +359,7 @@ public final class SpawnedThread<Value: Sendable>: NativeThread, @unchecked Send
             lifecycle.bitwiseAnd(~Lifecycle.joined, ordering: .releasing)
             return nil
         default:
-            misuse("SpawnedThread.join(until:): pthread_clockjoin_np on \(self) failed: \(errnoDescription(-rc))")
+            misuse("SpawnedThread.join(until:): pthread_timedjoin_np on \(self) failed: \(errnoDescription(-rc))")
         }
     }
 
