@@ -208,10 +208,14 @@ public class NativeThread: @unchecked Sendable, Hashable, CustomStringConvertibl
         ThreadCalls.setNameOfCallingThread(name)
     }
 
+    /// Whether both are the same thread (the same object). Does not block.
     public static func == (lhs: NativeThread, rhs: NativeThread) -> Bool { lhs === rhs }
 
+    /// Hashes the object's identity. Does not block.
     public final func hash(into hasher: inout Hasher) { hasher.combine(ObjectIdentifier(self)) }
 
+    /// `NativeThread(id: 1234, "worker")`. Reads the name as `name` does
+    /// (a `/proc` read for another running thread).
     public var description: String {
         let label = isMain ? "main" : (name.map { "\"\($0)\"" } ?? "unnamed")
         return "NativeThread(id: \(id), \(label))"
@@ -476,7 +480,8 @@ private func currentThreadKeyDestructor(_ raw: UnsafeMutableRawPointer?) {
 /// Reach it through `NativeThread.current.threadDictionary`.
 ///
 /// Not `Sendable`: it belongs to its thread and must not be handed to
-/// another. Values are released on the thread when it exits.
+/// another. Values are released on the thread when it exits. None of its
+/// members blocks or orders memory: only one thread ever uses it.
 public final class ThreadDictionary {
     private var storage: [AnyHashable: Any] = [:]
 

@@ -32,6 +32,7 @@ extension NativeThread {
         /// The default: `SCHED_OTHER` at nice 0.
         public static var normal: Priority { .relative(0.5) }
 
+        /// The policy and value, with the nice value for a relative priority.
         public var description: String {
             switch self {
             case .relative(let value): "relative(\(value), nice \(Priority.niceValue(forRelative: value)))"

@@ -56,6 +56,7 @@ public enum NativeThreadError: Error, Sendable, Hashable, CustomStringConvertibl
     /// thread limit (`EAGAIN`), memory for the stack (`ENOMEM`), and so on.
     case systemCall(SystemCallError)
 
+    /// What was wrong, with the value at fault and the limit it broke.
     public var description: String {
         switch self {
         case let .stackSizeTooSmall(requested, minimum):

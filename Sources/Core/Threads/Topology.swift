@@ -28,6 +28,7 @@ public enum Topology {
         /// memory but no CPUs.
         public let cpus: [Int]
 
+        /// `node 0: CPUs 0-3`.
         public var description: String { "node \(id): CPUs \(CPUList.format(cpus))" }
     }
 
