@@ -19,7 +19,7 @@ import Musl
 /// `setPriority`, `bindToNUMANode`).
 ///
 /// To start a thread, make a `SpawnedThread` and `start()` it, or call
-/// `NativeThread.start(_:_:)` (joinable) or `NativeThread.detach(_:_:)`.
+/// `NativeThread.start(_:)` / `start(_:_:)` (joinable) or `NativeThread.detach(_:_:)`.
 ///
 /// There is no way to kill a thread. A thread stopped from outside at an
 /// arbitrary instruction cannot release the locks it holds, free what it

@@ -19,7 +19,7 @@ import Musl
 /// let index = try worker.join()  // the result, or the error buildIndex threw
 /// ```
 ///
-/// `NativeThread.start(_:_:)` and `NativeThread.detach(_:_:)` do the first two
+/// `NativeThread.start(_:)`, `start(_:_:)` and `NativeThread.detach(_:_:)` do the first two
 /// steps at once.
 ///
 /// **Errors.** Each thread owns its stack, so an error its body throws cannot
