@@ -42,10 +42,10 @@ import Benchmark
 //                    peers: [.reference("...") { benchmark in ... }])
 //     }
 //
-// Package.swift turns every folder there into a target <Name>Benchmarks that
-// can import Spindle, BenchSupport, Benchmark, Synchronization and
-// NIOConcurrencyHelpers. scripts/bench, BenchReport, Package.swift and this
-// file do not change.
+// and add <Name> to `benchmarkFolders` in Package.swift, which makes it a
+// target <Name>Benchmarks that can import Spindle, BenchSupport, Benchmark,
+// Synchronization and NIOConcurrencyHelpers. scripts/bench, BenchReport and
+// this file do not change.
 
 /// One implementation of a group: its name, whether it is the group's
 /// reference peer, and the body measured in each iteration.
