@@ -32,6 +32,13 @@ let package = Package(
         // Turns package-benchmark's JMH export into the side-by-side table.
         // Foundation only, so it builds and runs without the harness.
         .executableTarget(name: "BenchReport"),
+        // Thread creation latency (median and p99 from timestamps taken in
+        // the entry routine) and the memory a parked thread costs, printed.
+        // Spindle beside pthread and Foundation; no harness.
+        .executableTarget(
+            name: "ThreadCosts",
+            dependencies: [.product(name: "Spindle", package: "Spindle")]
+        ),
     ],
     swiftLanguageModes: [.v6]
 )
@@ -43,7 +50,7 @@ let package = Package(
 // by its text, so a manifest that lists the directory would not notice a new
 // folder. Adding a benchmark target is adding its folder and its name here.
 // Each one can use Spindle, BenchSupport, package-benchmark and the peers above.
-let benchmarkFolders = ["Atomics", "RunLoop"]
+let benchmarkFolders = ["Atomics", "RunLoop", "Threads"]
 
 for name in benchmarkFolders {
     package.targets.append(

@@ -4,6 +4,7 @@
 #define CSHIMS_SYSTEM_H
 
 #include <errno.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/syscall.h>
@@ -53,5 +54,77 @@ int cshims_set_timer_slack(unsigned long ns);
 // (unshare(CLONE_NEWNS)) whose mounts do not propagate back: tests use it to
 // mount a read-only file system without touching the host's.
 int cshims_unshare_private_mounts(void);
+
+// --- Threads -----------------------------------------------------------------
+// Calls on behalf of Spindle's NativeThread. pthread functions report errors
+// as their return value; these wrappers turn that into -errno like the rest.
+
+// The calling thread's Spindle record (an opaque pointer Spindle owns), in a
+// C thread-local: one load from the thread pointer, and nothing for glibc to
+// clean up at thread exit (unlike a pthread key, whose use makes every
+// exiting thread walk its key table).
+extern __thread void *cshims_current_thread_record;
+CSHIMS_INLINE void *cshims_current_thread(void) { return cshims_current_thread_record; }
+CSHIMS_INLINE void cshims_set_current_thread(void *record) { cshims_current_thread_record = record; }
+
+// The kernel thread id of `thread` without a system call, or -ESRCH once the
+// thread has exited. glibc keeps the id in the thread's descriptor and hands
+// it out only encoded in the thread's CPU-time clock id; the encoding
+// (the id bitwise inverted, shifted left by 3) is the kernel's ABI for
+// per-thread CPU clocks. The descriptor must still be valid: call it on a
+// joinable thread that has not been joined.
+int32_t cshims_thread_tid(pthread_t thread);
+
+// Joins `thread` if it ends by the absolute CLOCK_MONOTONIC deadline
+// `deadline_ns` (pthread_timedjoin_np(3) in slices; see system.c); a negative
+// deadline does not wait (pthread_tryjoin_np(3)). Returns 0 when joined, -ETIMEDOUT or -EBUSY while it
+// still runs, or another -errno (-EDEADLK, -EINVAL, -ESRCH: caller bugs).
+// The thread's return value is discarded.
+int cshims_thread_join_until(pthread_t thread, int64_t deadline_ns);
+
+// The calling thread's stack: its lowest address and its size in bytes
+// (pthread_getattr_np(3); for the main thread, the size is RLIMIT_STACK's).
+int cshims_thread_stack_self(void **base, size_t *size);
+
+// Restricts threads created with `attr` to the CPUs in the mask (bit c of
+// words[c / 64] is CPU c; pthread_attr_setaffinity_np(3)).
+int cshims_thread_attr_set_affinity(pthread_attr_t *attr, const uint64_t *words, size_t nwords);
+
+// The calling thread's name: at most 15 bytes plus the NUL
+// (prctl(PR_SET_NAME) / prctl(PR_GET_NAME)); `size` must be at least 16.
+int cshims_thread_set_name_self(const char *name);
+int cshims_thread_get_name_self(char *buffer, size_t size);
+// The name of thread `tid` of this process, read from /proc/self/task/<tid>/comm.
+int cshims_thread_get_name(int32_t tid, char *buffer, size_t size);
+
+// Nice value of thread `tid` (0 = the caller); Linux keeps one per thread.
+// setpriority(2) refuses a raise above RLIMIT_NICE without CAP_SYS_NICE
+// (-EACCES) and a thread of another user (-EPERM).
+int cshims_thread_set_nice(int32_t tid, int nice);
+int cshims_thread_get_nice(int32_t tid, int *nice);
+
+// Scheduling policy (SCHED_OTHER, SCHED_FIFO, SCHED_RR, ...) and static
+// priority of thread `tid` (0 = the caller): sched_setscheduler(2) and
+// sched_getscheduler(2)/sched_getparam(2). A real-time policy needs
+// CAP_SYS_NICE or RLIMIT_RTPRIO (-EPERM otherwise).
+int cshims_thread_sched_set(int32_t tid, int policy, int priority);
+int cshims_thread_sched_get(int32_t tid, int *policy, int *priority);
+// The static priority range of a policy (sched_get_priority_min/max(2)).
+int cshims_sched_priority_min(int policy);
+int cshims_sched_priority_max(int policy);
+
+// The smallest stack a thread may have (sysconf(_SC_THREAD_STACK_MIN), which
+// glibc computes at run time; PTHREAD_STACK_MIN where sysconf has no answer).
+long cshims_thread_stack_min(void);
+// The stack size threads get when none is asked for (glibc derives it from
+// RLIMIT_STACK; pthread_getattr_default_np(3)), or -errno.
+long cshims_thread_default_stack_size(void);
+// The L1 data cache line in bytes (sysconf, then sysfs), or 0 if unknown.
+long cshims_cache_line_size(void);
+
+// Makes the calling thread's future allocations prefer `node`, reporting the
+// kernel's answer (set_mempolicy(MPOL_PREFERRED)); numa_set_preferred(3)
+// only prints a warning on failure. 0 without NUMA support and node 0.
+int cshims_numa_prefer_node(int node);
 
 #endif // CSHIMS_SYSTEM_H

@@ -1,0 +1,175 @@
+import Spindle
+import Testing
+import TestSupport
+
+/// Per-index counters that any thread may bump.
+private final class Counters: @unchecked Sendable {
+    // @unchecked: the words are only accessed through AtomicMemory.
+    let words: UnsafeMutablePointer<Int>
+    let count: Int
+    init(_ count: Int) {
+        self.count = count
+        words = .allocate(capacity: count)
+        words.initialize(repeating: 0, count: count)
+    }
+    deinit { words.deallocate() }
+    func add(_ index: Int, _ amount: Int = 1) {
+        AtomicMemory.add(amount, to: words + index, ordering: .sequentiallyConsistent)
+    }
+    subscript(index: Int) -> Int { AtomicMemory.load(from: words + index, ordering: .sequentiallyConsistent) }
+}
+
+private struct Refusal: Error, Equatable {
+    let index: Int
+}
+
+@Suite("NativeThread stress")
+struct NativeThreadStressTests {
+    /// Several threads start and join threads at once; every result and every
+    /// thrown error reaches its joiner, and `current`, the thread dictionary
+    /// and `id` are consistent on every thread. A watcher reads the threads'
+    /// state from outside meanwhile.
+    @Test(arguments: [2, 4])
+    func concurrentCreatorsGetEveryResultAndError(creators: Int) {
+        let perCreator = 120
+        let batch = 6
+        let mismatches = Counters(1)
+        runThreads(creators) { creator in
+            var index = 0
+            while index < perCreator {
+                let threads = (index..<min(index + batch, perCreator)).map { i in
+                    try! NativeThread.start(NativeThread.Attributes(name: "c\(creator)-\(i)")) { () throws -> Int in
+                        let me = NativeThread.current
+                        me.threadDictionary["index"] = i
+                        if i % 5 == 0 { throw Refusal(index: i) }
+                        let stored = me.threadDictionary.value(forKey: "index", as: Int.self)
+                        return stored == i && me.id > 0 ? creator * 1000 + i : -1
+                    }
+                }
+                for thread in threads {
+                    _ = thread.isFinished
+                    _ = thread.id
+                    thread.cancel()
+                }
+                for (offset, thread) in threads.enumerated() {
+                    let i = index + offset
+                    do {
+                        let value = try thread.join()
+                        if i % 5 == 0 || value != creator * 1000 + i { mismatches.add(0) }
+                    } catch let error as Refusal {
+                        if error.index != i || i % 5 != 0 { mismatches.add(0) }
+                    } catch {
+                        mismatches.add(0)
+                    }
+                    if !thread.isFinished || !thread.isCancelled { mismatches.add(0) }
+                }
+                index += batch
+            }
+        }
+        #expect(mismatches[0] == 0)
+    }
+
+    /// Joinable, detached and foreign threads each store three thread-local
+    /// values; every value's destructor runs exactly once, on its thread.
+    @Test func threadLocalDestructorsRunExactlyOncePerThread() {
+        let joinable = 48
+        let detached = 48
+        let foreign = 16
+        let total = joinable + detached + foreign
+        let destroyed = Counters(total)
+        let wrongThread = Counters(1)
+        let detachedDone = Latch(detached)
+        // Created first, so its destructor runs last (reverse order of
+        // creation): once it has run, the thread's other destructors have.
+        let marker = ThreadLocal<Int>(onThreadExit: { _ in detachedDone.countDown() })
+        let locals = (0..<3).map { _ in
+            ThreadLocal<(index: Int, tid: Int32)>(onThreadExit: { value in
+                if NativeThread.current.id != value.tid { wrongThread.add(0) }
+                destroyed.add(value.index)
+            })
+        }
+        @Sendable func fill(_ index: Int) {
+            for local in locals { local.value = (index, NativeThread.current.id) }
+        }
+
+        runThreads(2) { half in
+            let range = half == 0 ? 0..<joinable / 2 : joinable / 2..<joinable
+            let threads = range.map { i in try! NativeThread.start { fill(i) } }
+            for thread in threads { try! thread.join() }
+        }
+        for i in joinable..<(joinable + detached) {
+            try! NativeThread.detach {
+                fill(i)
+                marker.value = i
+            }
+        }
+        runThreads(foreign) { i in fill(joinable + detached + i) }
+
+        #expect(detachedDone.wait(), "every detached thread exited")
+        let wrong = (0..<total).filter { destroyed[$0] != 3 }
+        #expect(wrong.isEmpty, "threads whose destructors did not run exactly three times: \(wrong)")
+        #expect(wrongThread[0] == 0, "a destructor ran on another thread")
+    }
+
+    /// Threads that alternate short and very long sleeps are cancelled in a
+    /// scrambled order by several cancellers; every one of them stops.
+    @Test func cancellationReachesEverySleeper() throws {
+        let count = 16
+        let iterations = Counters(count)
+        let threads = try (0..<count).map { i in
+            try NativeThread.start { () -> Bool in
+                var round = 0
+                while !NativeThread.current.isCancelled {
+                    iterations.add(i)
+                    // Mostly short sleeps, sometimes one that only cancel() ends.
+                    NativeThread.sleep(for: round % 7 == 3 ? .seconds(600) : .microseconds(50 + (i * 37 + round * 11) % 400))
+                    round += 1
+                }
+                return NativeThread.current.isCancelled
+            }
+        }
+        let order = (0..<count).map { ($0 * 7 + 3) % count }
+        let shared = UnsafeBox(threads)
+        runThreads(4) { canceller in
+            for (position, index) in order.enumerated() where position % 4 == canceller {
+                shared.value[index].cancel()
+                shared.value[index].cancel()
+            }
+        }
+        // A thread may be cancelled before its first round; every one must
+        // have seen the request when it returned.
+        for thread in threads { #expect(try thread.join()) }
+    }
+
+    /// cancel() racing with the thread entering its sleep: the wake-up is
+    /// never lost (a lost one would leave the thread asleep for ten minutes).
+    @Test func cancelRacingSleepIsNeverLost() throws {
+        for round in 0..<300 {
+            let thread = try NativeThread.start { NativeThread.sleep(for: .seconds(600)) }
+            if round % 3 == 1 { NativeThread.yield() }
+            thread.cancel()
+            #expect(try thread.join() == false)
+        }
+    }
+
+    /// Joinable threads whose `SpawnedThread` is released without a join,
+    /// some before the body ends and some after: each is detached by the
+    /// last release, on whichever thread that happens.
+    @Test func releasedWithoutJoinDetachesOnEitherSide() {
+        let count = 200
+        let ran = Latch(count)
+        let release = Latch()
+        var kept: [SpawnedThread<Int>] = []
+        for i in 0..<count {
+            let thread = try! NativeThread.start { () -> Int in
+                if i % 2 == 0 { release.wait() }
+                ran.countDown()
+                return i
+            }
+            if i % 4 == 1 { kept.append(thread) }
+        }
+        release.countDown()
+        #expect(ran.wait())
+        kept.removeAll()
+    }
+}
