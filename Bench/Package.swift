@@ -3,6 +3,7 @@
 // never build a benchmark dependency. `scripts/bench` (in the repository root)
 // builds and runs it; see the comment in Sources/BenchSupport/SideBySide.swift
 // for how benchmarks are named and how a new benchmark target is added.
+import Foundation
 import PackageDescription
 
 let package = Package(
@@ -36,23 +37,31 @@ let package = Package(
     swiftLanguageModes: [.v6]
 )
 
-// Benchmark targets: one folder per target under Benchmarks/, as the
-// BenchmarkPlugin requires. The folder is Benchmarks/<Name> and the target
-// <Name>Benchmarks (a bare "Atomics" would clash with swift-atomics' module,
-// which package-benchmark depends on). To add one, add its name here with the
-// products it measures; nothing else in the harness changes.
-let benchmarkTargets: [(name: String, dependencies: [Target.Dependency])] = [
-    ("Atomics", [.product(name: "Spindle", package: "Spindle")]),
-]
+// Benchmark targets: every folder Benchmarks/<Name>/ is one, as the
+// BenchmarkPlugin requires, named <Name>Benchmarks (a bare "Atomics" would
+// clash with swift-atomics' module, which package-benchmark depends on).
+// Adding a folder adds a target; nothing here changes. Each one can use
+// Spindle, BenchSupport, package-benchmark and the peers above.
+let benchmarksDirectory = URL(fileURLWithPath: Context.packageDirectory).appendingPathComponent("Benchmarks")
+let benchmarkFolders = ((try? FileManager.default.contentsOfDirectory(atPath: benchmarksDirectory.path)) ?? [])
+    .filter { name in
+        var isDirectory: ObjCBool = false
+        let path = benchmarksDirectory.appendingPathComponent(name).path
+        return !name.hasPrefix(".") && FileManager.default.fileExists(atPath: path, isDirectory: &isDirectory)
+            && isDirectory.boolValue
+    }
+    .sorted()
 
-for (name, dependencies) in benchmarkTargets {
+for name in benchmarkFolders {
     package.targets.append(
         .executableTarget(
             name: "\(name)Benchmarks",
             dependencies: [
                 "BenchSupport",
                 .product(name: "Benchmark", package: "package-benchmark"),
-            ] + dependencies,
+                .product(name: "Spindle", package: "Spindle"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+            ],
             path: "Benchmarks/\(name)",
             plugins: [
                 .plugin(name: "BenchmarkPlugin", package: "package-benchmark"),

@@ -331,7 +331,14 @@ func printTable(_ groups: [(group: String, rows: [Row])], metric: MetricKind) {
         return text
     }
 
-    print("\(metric.name), per operation; ratio = median / reference peer's median (below 1: faster than the peer)")
+    switch metric.scaling {
+    case .timePerOperation, .countPerOperation:
+        print("\(metric.name) per operation; ratio = median / the reference peer's median (below 1: better)")
+    case .operationsPerSecond:
+        print("\(metric.name) in operations per second; ratio = median / the reference peer's median (above 1: better)")
+    case .unscaled:
+        print("\(metric.name) per measured iteration; ratio = median / the reference peer's median (below 1: better)")
+    }
     var index = 0
     for (group, rows) in groups {
         print("")

@@ -17,7 +17,9 @@ import Benchmark
 // - Spindle's own rows are named "Spindle", or "Spindle.<variant>" when a
 //   group has several (e.g. "Spindle.SpinLock"); BenchReport lists them first.
 // - A group names the operation first, with dots, then the conditions after a
-//   space: "lock.uncontended", "atomic.cas.64 seq_cst", "lock.contended 2 threads".
+//   space: "lock.uncontended", "atomic.cas.64 sequentiallyConsistent",
+//   "lock.contended 2 threads". Orderings are spelled as in Swift's APIs
+//   (relaxed, acquiring, releasing, acquiringAndReleasing, sequentiallyConsistent).
 // - Names may not contain "_" (package-benchmark's JMH export turns spaces into
 //   underscores, and BenchReport turns them back), and an implementation may not
 //   contain "/" or "[". sideBySide checks this when it registers.
@@ -40,8 +42,10 @@ import Benchmark
 //                    peers: [.reference("...") { benchmark in ... }])
 //     }
 //
-// and add (<Name>, [its product dependencies]) to `benchmarkTargets` in
-// Package.swift. scripts/bench, BenchReport and this file do not change.
+// Package.swift turns every folder there into a target <Name>Benchmarks that
+// can import Spindle, BenchSupport, Benchmark, Synchronization and
+// NIOConcurrencyHelpers. scripts/bench, BenchReport, Package.swift and this
+// file do not change.
 
 /// One implementation of a group: its name, whether it is the group's
 /// reference peer, and the body measured in each iteration.
@@ -184,7 +188,7 @@ extension Benchmark {
     @inlinable
     public func repeatOperation<Result>(_ operation: () -> Result) {
         for _ in scaledIterations {
-            blackHole(operation())
+            Benchmark.blackHole(operation())
         }
     }
 }

@@ -18,9 +18,14 @@
 ///   inside `wait` always reaches a waiter.
 /// - Futex-based, no pthread: the lock is Spindle's `Lock` algorithm on one
 ///   word, the condition a sequence word beside it (both in one 64-byte
-///   heap block that never moves). A waiter spins briefly (about 3 µs) on the
-///   sequence before it sleeps in the kernel (`futex(FUTEX_WAIT_BITSET)`), so
-///   a signal to a thread that is about to sleep costs no system call.
+///   heap block that never moves). A waiter spins on the sequence before it
+///   sleeps in the kernel (`futex(FUTEX_WAIT_BITSET)`), up to 13 µs and only
+///   as long as spinning has been paying off on this condition
+///   (`AdaptiveSpin`), so a signal to a thread that is about to sleep costs
+///   no system call.
+/// - A signal issued under the lock wakes a sleeping waiter when the lock is
+///   released, not before: a waiter woken earlier would only find the lock
+///   held and have to sleep again.
 /// - `broadcast` wakes one waiter and moves the others, still asleep, onto
 ///   the lock's word (`futex(FUTEX_CMP_REQUEUE)`); each `unlock` then wakes
 ///   the next. No thundering herd on the lock.
@@ -48,7 +53,10 @@ public struct Condition: Locking, @unchecked Sendable {
     @usableFromInline
     final class Storage {
         @usableFromInline let base: UnsafeMutableRawPointer
-        init() { base = allocateStableWords(byteCount: 16 + FutexCondition.byteCount) }
+        init() {
+            base = allocateStableWords(byteCount: 16 + FutexCondition.byteCount)
+            FutexCondition.initialize(at: base + 16)
+        }
         deinit { base.deallocate() }
     }
 
@@ -89,11 +97,12 @@ public struct Condition: Locking, @unchecked Sendable {
     @inlinable
     public func lock(before deadline: MonotonicClock.Instant) -> Bool { mutex.lock(before: deadline) }
 
-    /// Releases the lock, waking a thread asleep on it if there is one. Never
-    /// blocks. Release ordering. Stops the process with a message if the
-    /// condition is not locked.
+    /// Releases the lock, waking a thread asleep on it if there is one, and
+    /// then the waiters that signals issued under the lock are to wake. Never
+    /// blocks; one compare-and-swap when nobody sleeps. Release ordering.
+    /// Stops the process with a message if the condition is not locked.
     @inlinable
-    public func unlock() { mutex.unlock() }
+    public func unlock() { queue.unlockFlushingWakes(mutex) }
 
     // MARK: Waiting
 
@@ -118,7 +127,7 @@ public struct Condition: Locking, @unchecked Sendable {
             AtomicMemory.load(from: mutex.word, ordering: .relaxed) & FutexMutex.locked != 0,
             "Condition.wait: the condition is not locked; lock it, test the predicate, then wait")
         if !deadline.isDistantFuture && MonotonicClock.now >= deadline { return false }
-        return queue.wait(releasing: mutex, until: deadline)
+        return queue.wait(releasing: mutex, flushingWakes: true, until: deadline)
     }
 
     /// As `wait(until:)`, with a deadline `timeout` from now.
@@ -132,10 +141,12 @@ public struct Condition: Locking, @unchecked Sendable {
     /// Wakes one thread waiting on the condition, if any. Call it holding the
     /// lock, after changing the predicate (the guide's rule: otherwise a
     /// thread that is about to wait may miss it). Never blocks; one load when
-    /// nobody waits, a system call only when a waiter sleeps in the kernel.
-    /// Orders no memory by itself (the lock does).
+    /// nobody waits. A waiter asleep in the kernel is woken by the `unlock`
+    /// (or `wait`) that releases the lock, since it could not return before
+    /// that anyway; if the lock is not held, at once. Orders no memory by
+    /// itself (the lock does).
     @inlinable
-    public func signal() { queue.signal() }
+    public func signal() { queue.signalDeferring(to: mutex) }
 
     /// Wakes every thread waiting on the condition. Never blocks. Sleeping
     /// waiters are moved onto the lock's word, so they come back one at a

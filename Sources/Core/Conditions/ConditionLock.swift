@@ -16,8 +16,10 @@
 ///   thread wakes, already holding the lock; threads waiting for other
 ///   conditions stay asleep. No thundering herd, and among threads waiting
 ///   for the same condition, first come first served.
-/// - A waiter spins about 3 µs before it sleeps (`futex(FUTEX_WAIT_BITSET)`),
-///   so a hand-off to a thread that is about to sleep costs no system call.
+/// - A waiter spins before it sleeps (`futex(FUTEX_WAIT_BITSET)`), up to 13 µs
+///   and only as long as spinning has been paying off on this lock
+///   (`AdaptiveSpin`), so a hand-off to a thread that is about to sleep costs
+///   no system call.
 /// - The lock's state is kept under a small internal futex lock, held only
 ///   for a few instructions (never while anyone sleeps).
 /// - Deadlines are on `MonotonicClock`; `.distantFuture` waits forever and a
@@ -46,12 +48,14 @@ public struct ConditionLock: Locking, @unchecked Sendable {
     ///     16  Int      the condition (written under the guard, read anywhere)
     ///     24  pointer  the first waiter (guarded)
     ///     32  pointer  the last waiter (guarded)
+    ///     40  UInt32   the waiters' spin limit (`AdaptiveSpin`)
     @usableFromInline
     final class Storage {
         @usableFromInline let base: UnsafeMutableRawPointer
         init(condition: Int) {
-            base = allocateStableWords(byteCount: 40)
+            base = allocateStableWords(byteCount: 44)
             (base + 16).storeBytes(of: condition, as: Int.self)
+            (base + 40).storeBytes(of: AdaptiveSpin.initialPolls, as: UInt32.self)
         }
         deinit { base.deallocate() }
     }
@@ -85,6 +89,9 @@ public struct ConditionLock: Locking, @unchecked Sendable {
     var lastWaiter: UnsafeMutablePointer<UnsafeMutableRawPointer?> {
         (storage.base + 32).assumingMemoryBound(to: UnsafeMutableRawPointer?.self)
     }
+
+    @inlinable
+    var spin: AdaptiveSpin { AdaptiveSpin((storage.base + 40).assumingMemoryBound(to: UInt32.self)) }
 
     /// The lock's condition now. A snapshot: unless the caller holds the
     /// lock, another thread may change it at once. Never blocks; orders no
@@ -285,23 +292,14 @@ extension ConditionLock {
         // Acquiring loads: pair with the releasing exchange in `handOff`,
         // which publishes the previous holder's critical section.
         let granted = { AtomicMemory.load(from: me.state, ordering: .acquiring) == Waiter.granted }
-        // Granted while spinning: the granter's exchange was its last touch
-        // of our record (it saw `waiting`, so it makes no wake call).
-        if WaitSpin.poll(granted) { return true }
+        if spin.poll(granted) { return true }
         let announced = AtomicMemory.compareExchange(
             expected: Waiter.waiting, desired: Waiter.sleeping, at: me.state, ordering: .acquiring)
-        if !announced.exchanged { return true }  // granted meanwhile, no wake call either
+        if !announced.exchanged { return true }  // granted meanwhile
         let futex = Futex(me.state)
         while true {
             let result = futex.wait(expecting: Waiter.sleeping, until: deadline)
-            if granted() {
-                // The granter saw `sleeping` and wakes us holding the guard:
-                // wait for it to let go, so that our record (on this stack) is
-                // not reused while its wake call may still name it.
-                guardLock.lock()
-                guardLock.unlock()
-                return true
-            }
+            if granted() { return true }
             if result == .timedOut {
                 guardLock.lock()
                 if granted() {
@@ -336,11 +334,18 @@ extension ConditionLock {
         // `held` stays 1: the lock passes to the chosen thread. Releasing:
         // the critical section just ended is published to it.
         let previous = AtomicMemory.exchange(Waiter.granted, at: chosen.state, ordering: .acquiringAndReleasing)
+        guardLock.unlock()
         if previous == Waiter.sleeping {
-            // Still holding the guard (see `awaitHandOff`).
+            // After releasing the guard, so that the woken thread does not run
+            // into it. The record lives on the chosen thread's stack, which it
+            // may leave (woken spuriously, it sees `granted`) before this call
+            // is made: the call then names a dead address. That is harmless:
+            // FUTEX_WAKE on a private futex does not touch the memory, and at
+            // worst it wakes whatever sleeps at that address later, which
+            // futex(2) requires every sleeper to tolerate as a spurious
+            // wake-up (all of Spindle's re-check their word).
             Futex(chosen.state).wake(1)
         }
-        guardLock.unlock()
     }
 
     /// Appends `me` to the list of waiters. Called holding the guard.

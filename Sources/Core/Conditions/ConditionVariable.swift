@@ -13,8 +13,9 @@
 ///   with a message. The variable keeps its lock alive.
 /// - Spurious wake-ups may happen; lost wake-ups do not. Always wait in a loop
 ///   on a predicate.
-/// - A waiter spins about 3 µs on the variable's sequence word before it
-///   sleeps (`futex(FUTEX_WAIT_BITSET)`); `broadcast` wakes one sleeper and
+/// - A waiter spins on the variable's sequence word before it sleeps
+///   (`futex(FUTEX_WAIT_BITSET)`), up to 13 µs and only as long as spinning
+///   has been paying off (`AdaptiveSpin`); `broadcast` wakes one sleeper and
 ///   moves the others onto the lock's word (`futex(FUTEX_CMP_REQUEUE)`), so
 ///   they come back one per `unlock` instead of as a herd.
 /// - Deadlines are on `MonotonicClock`; `.distantFuture` waits forever and a
@@ -38,7 +39,10 @@ public struct ConditionVariable: @unchecked Sendable {
     @usableFromInline
     final class Storage {
         @usableFromInline let base: UnsafeMutableRawPointer
-        init() { base = allocateStableWords(byteCount: 8 + FutexCondition.byteCount) }
+        init() {
+            base = allocateStableWords(byteCount: 8 + FutexCondition.byteCount)
+            FutexCondition.initialize(at: base + 8)
+        }
         deinit {
             let paired = AtomicMemory.load(from: base.assumingMemoryBound(to: UInt.self), ordering: .acquiring)
             if let pointer = UnsafeRawPointer(bitPattern: paired) {
@@ -89,7 +93,7 @@ public struct ConditionVariable: @unchecked Sendable {
             AtomicMemory.load(from: lock.mutex.word, ordering: .relaxed) & FutexMutex.locked != 0,
             "ConditionVariable.wait(releasing:): `lock` is not locked; lock it, test the predicate, then wait")
         if !deadline.isDistantFuture && MonotonicClock.now >= deadline { return false }
-        return queue.wait(releasing: lock.mutex, until: deadline)
+        return queue.wait(releasing: lock.mutex, flushingWakes: false, until: deadline)
     }
 
     /// As `wait(releasing:until:)`, with a deadline `timeout` from now.
@@ -122,9 +126,21 @@ public struct ConditionVariable: @unchecked Sendable {
     /// Wakes one thread waiting on the variable, if any. Call it holding the
     /// paired lock, after changing the predicate. Never blocks; one load when
     /// nobody waits, a system call only when a waiter sleeps in the kernel.
-    /// Orders no memory by itself (the lock does).
+    /// While the lock is held, a sleeping waiter is not woken but moved onto
+    /// the lock's word (`futex(FUTEX_CMP_REQUEUE)`), and the lock's `unlock`
+    /// wakes it: woken at once, it would only find the lock held. Orders no
+    /// memory by itself (the lock does).
     @inlinable
-    public func signal() { queue.signal() }
+    public func signal() {
+        guard queue.hasWaiters else { return }
+        signalWaiting()
+    }
+
+    @usableFromInline
+    @inline(never)
+    func signalWaiting() {
+        queue.signalMoving(onto: pairedMutex())
+    }
 
     /// Wakes every thread waiting on the variable, moving sleepers onto the
     /// paired lock's word so that they return one per `unlock`. Never blocks.
@@ -139,15 +155,19 @@ public struct ConditionVariable: @unchecked Sendable {
     @usableFromInline
     @inline(never)
     func broadcastWaiting() {
-        // A waiter pairs the variable before it counts itself among the
-        // waiters (sequentially consistent), so the pairing is visible here.
+        queue.broadcast(requeueingOnto: pairedMutex())
+    }
+
+    /// The paired lock's mutex. Called after seeing a waiter: a waiter pairs
+    /// the variable before it counts itself among the waiters, and
+    /// `hasWaiters` acquires, so the pairing is visible.
+    func pairedMutex() -> FutexMutex {
         let paired = AtomicMemory.load(from: pairedWord, ordering: .acquiring)
-        guard let pointer = UnsafeRawPointer(bitPattern: paired) else { return }
+        let pointer = UnsafeRawPointer(bitPattern: paired)!
         let lockStorage = Unmanaged<Lock.Storage>.fromOpaque(pointer).takeUnretainedValue()
-        let mutex = FutexMutex(
+        return FutexMutex(
             word: lockStorage.withUnsafeMutablePointerToElements { $0 },
             nextHandoff: lockStorage.withUnsafeMutablePointerToHeader { $0 })
-        queue.broadcast(requeueingOnto: mutex)
     }
 }
 

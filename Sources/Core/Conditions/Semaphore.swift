@@ -8,9 +8,10 @@
 ///
 /// - `wait()` with a resource available, and `signal()` with nobody waiting,
 ///   are one atomic add each, inlined into the caller.
-/// - A waiter that finds none spins about 3 µs for a wake-up before it sleeps
-///   (`futex(FUTEX_WAIT_BITSET)`); `signal()` makes a system call only when a
-///   waiter is actually asleep.
+/// - A waiter that finds none spins for a wake-up before it sleeps
+///   (`futex(FUTEX_WAIT_BITSET)`), up to 13 µs and only as long as spinning
+///   has been paying off on this semaphore (`AdaptiveSpin`); `signal()` makes
+///   a system call only when a waiter is actually asleep.
 ///
 /// The count may go negative: then its magnitude is the number of threads
 /// waiting. Each `signal()` that finds it negative hands one wake-up token to
@@ -31,14 +32,15 @@ public struct Semaphore: @unchecked Sendable {
     // @unchecked: the storage is only touched through atomics and the kernel.
 
     /// Owns the words: the count (Int at 0), the wake-up tokens (UInt32 at 8,
-    /// the futex word sleepers wait on) and the number of threads that may be
-    /// asleep (UInt32 at 12).
+    /// the futex word sleepers wait on), the number of threads that may be
+    /// asleep (UInt32 at 12) and the waiters' spin limit (UInt32 at 16).
     @usableFromInline
     final class Storage {
         @usableFromInline let base: UnsafeMutableRawPointer
         init(value: Int) {
-            base = allocateStableWords(byteCount: 16)
+            base = allocateStableWords(byteCount: 20)
             base.storeBytes(of: value, as: Int.self)
+            (base + 16).storeBytes(of: AdaptiveSpin.initialPolls, as: UInt32.self)
         }
         deinit { base.deallocate() }
     }
@@ -63,6 +65,9 @@ public struct Semaphore: @unchecked Sendable {
 
     @inlinable
     var sleepers: UnsafeMutablePointer<UInt32> { (storage.base + 12).assumingMemoryBound(to: UInt32.self) }
+
+    @inlinable
+    var spin: AdaptiveSpin { AdaptiveSpin((storage.base + 16).assumingMemoryBound(to: UInt32.self)) }
 
     /// The count now: available resources if positive, minus the number of
     /// waiting threads if negative. A snapshot, for tests and diagnostics.
@@ -115,7 +120,7 @@ public struct Semaphore: @unchecked Sendable {
     @inline(never)
     func waitContended(until deadline: MonotonicClock.Instant) -> Bool {
         var deadline = deadline
-        if !isPast(deadline) && WaitSpin.poll({ AtomicMemory.load(from: tokens, ordering: .relaxed) != 0 }) {
+        if !isPast(deadline) && spin.poll({ AtomicMemory.load(from: tokens, ordering: .relaxed) != 0 }) {
             if takeToken() { return true }
         }
         AtomicMemory.increment(sleepers, ordering: .sequentiallyConsistent)
