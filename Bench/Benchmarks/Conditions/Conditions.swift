@@ -208,8 +208,9 @@ func producerConsumer<Pair: ConditionPair>(_ pair: Pair, consumers: Int) -> (Ben
 }
 
 /// The same bounded buffer on one lock and two condition variables ("not
-/// empty", "not full"), the POSIX shape, which signals instead of
-/// broadcasting: Spindle's Lock with two ConditionVariables.
+/// empty", "not full"), the POSIX shape, which signals every item instead of
+/// broadcasting on transitions: Spindle's Lock with two ConditionVariables
+/// (row "Spindle.ConditionVariable.two", beside "pthread.cond.two").
 func producerConsumerTwoVariables(consumers: Int) -> (Benchmark) -> Void {
     let mutex = Spindle.Lock()
     let notEmpty = ConditionVariable()
@@ -244,6 +245,40 @@ func producerConsumerTwoVariables(consumers: Int) -> (Benchmark) -> Void {
     }
 }
 
+/// The two-variable bounded buffer on pthread_mutex_t and two pthread_cond_t.
+func producerConsumerTwoPthreadConditions(consumers: Int) -> (Benchmark) -> Void {
+    let notEmpty = PthreadPair()
+    let notFull = PthreadPair()  // only its condition is used, with notEmpty's mutex
+    let buffer = BoundedBuffer()
+    let start = StartOnce {
+        for _ in 0..<consumers {
+            startDetachedThread {
+                while true {
+                    pthread_mutex_lock(notEmpty.mutex)
+                    while buffer.count == 0 { pthread_cond_wait(notEmpty.cond, notEmpty.mutex) }
+                    let item = buffer.slots[buffer.head]
+                    buffer.head = (buffer.head + 1) % BoundedBuffer.capacity
+                    buffer.count -= 1
+                    buffer.consumed &+= item
+                    pthread_cond_signal(notFull.cond)
+                    pthread_mutex_unlock(notEmpty.mutex)
+                }
+            }
+        }
+    }
+    return { benchmark in
+        start.once()
+        for i in benchmark.scaledIterations {
+            pthread_mutex_lock(notEmpty.mutex)
+            while buffer.count == BoundedBuffer.capacity { pthread_cond_wait(notFull.cond, notEmpty.mutex) }
+            buffer.slots[(buffer.head + buffer.count) % BoundedBuffer.capacity] = i
+            buffer.count += 1
+            pthread_cond_signal(notEmpty.cond)
+            pthread_mutex_unlock(notEmpty.mutex)
+        }
+    }
+}
+
 /// A broadcast round: the benchmark thread opens a new generation and
 /// broadcasts; each of `waiters` threads sees it, reports in, and the last
 /// one broadcasts back. One operation is one full round.
@@ -259,7 +294,9 @@ func broadcastRound<Pair: ConditionPair>(_ pair: Pair, waiters: Int) -> (Benchma
         for _ in 0..<waiters {
             startDetachedThread {
                 pair.lock()
-                var seen = rounds.generation
+                // Not `rounds.generation`: the first round may have begun
+                // before this thread ran, and it must take part in it.
+                var seen = 0
                 while true {
                     while rounds.generation == seen { pair.wait() }
                     seen = rounds.generation
@@ -318,6 +355,7 @@ let benchmarks: @Sendable () -> Void = {
                       body: producerConsumerTwoVariables(consumers: consumers)),
                 .reference("NSCondition", body: producerConsumer(NSConditionPair(), consumers: consumers)),
                 .peer("pthread.cond", body: producerConsumer(PthreadPair(), consumers: consumers)),
+                .peer("pthread.cond.two", body: producerConsumerTwoPthreadConditions(consumers: consumers)),
             ]
         )
     }
