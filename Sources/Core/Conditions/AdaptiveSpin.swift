@@ -30,7 +30,10 @@ struct AdaptiveSpin {
     /// EPYC (Zen 3) VM, where `pause` takes about 25 ns. It has to cover the
     /// other thread's wake-up from a futex sleep on another CPU (5–10 µs in a
     /// VM), or two threads handing a turn back and forth never both stay
-    /// awake. Measured with the Conditions ping-pong benchmarks.
+    /// awake. Measured on an idle VM, two-thread ping-pong round trips
+    /// (Condition / ConditionVariable / Semaphore / ConditionLock): 128 polls
+    /// 0.62 / 0.78 / 0.26 / 0.61 µs, 256 polls 0.49 / 0.49 / 0.13 / 0.22 µs,
+    /// 512 polls 0.34 / 0.41 / 0.12 / 0.20 µs (NSCondition: 12 µs).
     @usableFromInline static var maximumPolls: UInt32 { 512 }
 
     /// Below this limit, a wait probes with `maximumPolls` about once in 256.
