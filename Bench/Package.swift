@@ -3,6 +3,7 @@
 // never build a benchmark dependency. `scripts/bench` (in the repository root)
 // builds and runs it; see the comment in Sources/BenchSupport/SideBySide.swift
 // for how benchmarks are named and how a new benchmark target is added.
+import Foundation
 import PackageDescription
 
 let package = Package(
@@ -50,7 +51,7 @@ let package = Package(
 // by its text, so a manifest that lists the directory would not notice a new
 // folder. Adding a benchmark target is adding its folder and its name here.
 // Each one can use Spindle, BenchSupport, package-benchmark and the peers above.
-let benchmarkFolders = ["Atomics", "RunLoop", "Threads"]
+let benchmarkFolders = ["Atomics", "Conditions", "RunLoop", "Threads"]
 
 for name in benchmarkFolders {
     package.targets.append(

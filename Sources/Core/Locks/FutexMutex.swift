@@ -83,12 +83,25 @@ extension FutexMutex {
     @usableFromInline static var spinLimit: Int { 10 }
     @usableFromInline static var maxSpinBurst: Int { 64 }
 
+    /// Acquires the lock for a thread that slept on a condition variable whose
+    /// `broadcast` may have moved it (`FUTEX_CMP_REQUEUE`) onto this lock's
+    /// word. Such a thread was woken by an `unlock` as one of this lock's
+    /// sleepers, so it acquires as a sleeper does: it sets `parked` when it
+    /// takes the lock, because the other moved threads may still sleep on the
+    /// word and the next `unlock` must wake one of them; and it may claim a
+    /// hand-off. Blocks. Acquire ordering. Never times out.
     @usableFromInline
     @inline(never)
-    func lockContended(deadline: MonotonicClock.Instant) -> Bool {
+    func lockAfterRequeue() {
+        _ = lockContended(deadline: .distantFuture, hasSlept: true)
+    }
+
+    @usableFromInline
+    @inline(never)
+    func lockContended(deadline: MonotonicClock.Instant, hasSlept alreadySlept: Bool = false) -> Bool {
         let futex = Futex(word)
         var spins = 0
-        var hasSlept = false
+        var hasSlept = alreadySlept
         var state = AtomicMemory.load(from: word, ordering: .relaxed)
         while true {
             // Free: take it. A thread that has slept marks the lock parked

@@ -1,0 +1,163 @@
+/// A lock and a condition in one object: Spindle's `NSCondition`.
+///
+/// Lock it like a `Lock`, test your predicate, and `wait()` while the
+/// predicate is false; another thread changes the predicate while holding
+/// the lock and calls `signal()` (wake one waiter) or `broadcast()` (wake
+/// all). `wait` releases the lock while the thread waits and takes it again
+/// before returning, so the predicate is always tested under the lock:
+///
+///     condition.lock()
+///     while pending == 0 { condition.wait() }
+///     pending -= 1
+///     condition.unlock()
+///
+/// - Spurious wake-ups are part of the model: `wait` may return although
+///   nobody signalled (among others, when a signal meant for another waiter
+///   arrives at the same moment). Always wait in a loop on a predicate.
+///   Lost wake-ups are not: a signal issued after a waiter released the lock
+///   inside `wait` always reaches a waiter.
+/// - Futex-based, no pthread: the lock is Spindle's `Lock` algorithm on one
+///   word, the condition a sequence word beside it (both in one 64-byte
+///   heap block that never moves). A waiter spins on the sequence before it
+///   sleeps in the kernel (`futex(FUTEX_WAIT_BITSET)`), up to 13 µs and only
+///   as long as spinning has been paying off on this condition
+///   (`AdaptiveSpin`), so a signal to a thread that is about to sleep costs
+///   no system call.
+/// - A signal issued under the lock wakes a sleeping waiter when the lock is
+///   released, not before: a waiter woken earlier would only find the lock
+///   held and have to sleep again.
+/// - `broadcast` wakes one waiter and moves the others, still asleep, onto
+///   the lock's word (`futex(FUTEX_CMP_REQUEUE)`); each `unlock` then wakes
+///   the next. No thundering herd on the lock.
+/// - Deadlines are on `MonotonicClock`; `.distantFuture` waits forever and a
+///   deadline already past returns at once.
+///
+/// `Condition` is a handle: copies share one condition.
+///
+/// Memory: the lock orders memory as `Lock` does (acquire on locking, release
+/// on unlocking); `wait` releases on the way in and acquires on the way out.
+/// `signal` and `broadcast` order nothing by themselves: change the predicate
+/// under the lock, which publishes it.
+///
+/// Misuse: `unlock()` of an unlocked condition, or `wait` while the condition
+/// is not locked at all, stops the process with a message. Waiting while
+/// another thread holds the lock is not detected (tracking the owner would
+/// cost the fast path). Not recursive: locking it again on the thread that
+/// holds it deadlocks.
+public struct Condition: Locking, @unchecked Sendable {
+    // @unchecked: the storage is only touched through atomics on its words
+    // and, for the lock's hand-off time, by the thread holding the lock.
+
+    /// Owns the words: the lock's hand-off time (Int64 at 0), the lock word
+    /// (UInt32 at 8) and the condition's words (from 16).
+    @usableFromInline
+    final class Storage {
+        @usableFromInline let base: UnsafeMutableRawPointer
+        init() {
+            base = allocateStableWords(byteCount: 16 + FutexCondition.byteCount)
+            FutexCondition.initialize(at: base + 16)
+        }
+        deinit { base.deallocate() }
+    }
+
+    @usableFromInline let storage: Storage
+
+    /// A new, unlocked condition with no waiters.
+    public init() {
+        storage = Storage()
+    }
+
+    @inlinable
+    var mutex: FutexMutex {
+        FutexMutex(
+            word: (storage.base + 8).assumingMemoryBound(to: UInt32.self),
+            nextHandoff: storage.base.assumingMemoryBound(to: Int64.self))
+    }
+
+    @inlinable
+    var queue: FutexCondition { FutexCondition(base: storage.base + 16) }
+
+    /// The raw lock word, for tests and diagnostics: 0 when idle.
+    public var lockWordValue: UInt32 { AtomicMemory.load(from: mutex.word, ordering: .relaxed) }
+
+    // MARK: Locking
+
+    /// Acquires the lock, sleeping while another thread holds it. Blocks.
+    /// Acquire ordering. Deadlocks if the caller already holds it.
+    @inlinable
+    public func lock() { mutex.lock() }
+
+    /// Acquires the lock if it is free now. Never blocks. Acquire ordering on
+    /// success.
+    @inlinable
+    public func tryLock() -> Bool { mutex.tryLock() }
+
+    /// Acquires the lock, sleeping at most until `deadline`; returns whether it
+    /// did. Blocks. Acquire ordering on success.
+    @inlinable
+    public func lock(before deadline: MonotonicClock.Instant) -> Bool { mutex.lock(before: deadline) }
+
+    /// Releases the lock, waking a thread asleep on it if there is one, and
+    /// then the waiters that signals issued under the lock are to wake. Never
+    /// blocks; one compare-and-swap when nobody sleeps. Release ordering.
+    /// Stops the process with a message if the condition is not locked.
+    @inlinable
+    public func unlock() { queue.unlockFlushingWakes(mutex) }
+
+    // MARK: Waiting
+
+    /// Releases the lock, sleeps until signalled (or spuriously woken), and
+    /// takes the lock again before returning. The caller must hold the lock.
+    /// Blocks. Release ordering on the way in, acquire on the way out.
+    /// Stops the process with a message if the condition is not locked.
+    @inlinable
+    public func wait() {
+        _ = wait(until: .distantFuture)
+    }
+
+    /// As `wait()`, but gives up at `deadline` on the monotonic clock. Returns
+    /// false if the deadline passed without a signal or broadcast, true
+    /// otherwise (including a spurious wake-up). Either way the lock is held
+    /// again on return. `.distantFuture` waits forever; a deadline already
+    /// past returns false at once, without releasing the lock.
+    @inlinable
+    public func wait(until deadline: MonotonicClock.Instant) -> Bool {
+        let mutex = self.mutex
+        require(
+            AtomicMemory.load(from: mutex.word, ordering: .relaxed) & FutexMutex.locked != 0,
+            "Condition.wait: the condition is not locked; lock it, test the predicate, then wait")
+        if !deadline.isDistantFuture && MonotonicClock.now >= deadline { return false }
+        return queue.wait(releasing: mutex, flushingWakes: true, until: deadline)
+    }
+
+    /// As `wait(until:)`, with a deadline `timeout` from now.
+    @inlinable
+    public func wait(timeout: Duration) -> Bool {
+        wait(until: MonotonicClock.now.advanced(by: timeout))
+    }
+
+    // MARK: Signalling
+
+    /// Wakes one thread waiting on the condition, if any. Call it holding the
+    /// lock, after changing the predicate (the guide's rule: otherwise a
+    /// thread that is about to wait may miss it). Never blocks; one load when
+    /// nobody waits. A waiter asleep in the kernel is woken by the `unlock`
+    /// (or `wait`) that releases the lock, since it could not return before
+    /// that anyway; if the lock is not held, at once. Orders no memory by
+    /// itself (the lock does).
+    @inlinable
+    public func signal() { queue.signalDeferring(to: mutex) }
+
+    /// Wakes every thread waiting on the condition. Never blocks. Sleeping
+    /// waiters are moved onto the lock's word, so they come back one at a
+    /// time as the lock is released instead of all at once. Orders no memory
+    /// by itself (the lock does). Call it holding the lock, after changing
+    /// the predicate.
+    @inlinable
+    public func broadcast() { queue.broadcast(requeueingOnto: mutex) }
+}
+
+extension Condition: Equatable {
+    /// Two handles are equal when they are the same condition.
+    public static func == (a: Condition, b: Condition) -> Bool { a.storage === b.storage }
+}

@@ -1,0 +1,376 @@
+/// A lock with an integer condition: Spindle's `NSConditionLock`.
+///
+/// The lock holds an `Int` that your program defines (the guide's producer
+/// and consumer use `noData` and `hasData`). `lock(whenCondition: c)` waits
+/// until the lock is free *and* its condition is `c`; `unlock(withCondition:
+/// c)` releases it and sets the condition in one step. The plain `lock()`
+/// and `unlock()` ignore and keep the condition; all combinations may be
+/// used: `lock()` with `unlock(withCondition:)`, `lock(whenCondition:)` with
+/// `unlock()` (which keeps the condition, so it wakes only threads waiting
+/// for the condition the lock already has).
+///
+/// - Targeted wake-ups: each waiting thread records the condition it waits
+///   for and sleeps on a futex word of its own. An unlock picks the longest
+///   waiting thread that the new condition lets in (one waiting for that
+///   condition, or for any) and hands the lock to it directly: exactly one
+///   thread wakes, already holding the lock; threads waiting for other
+///   conditions stay asleep. No thundering herd, and among threads waiting
+///   for the same condition, first come first served.
+/// - A waiter spins before it sleeps (`futex(FUTEX_WAIT_BITSET)`), up to 13 µs
+///   and only as long as spinning has been paying off on this lock
+///   (`AdaptiveSpin`), so a hand-off to a thread that is about to sleep costs
+///   no system call.
+/// - The lock's state is kept under a small internal futex lock, held only
+///   for a few instructions (never while anyone sleeps).
+/// - Deadlines are on `MonotonicClock`; `.distantFuture` waits forever and a
+///   deadline already past makes the call a `tryLock`.
+///
+/// `ConditionLock` is a handle: copies share one lock.
+///
+/// Memory: acquiring orders like an acquire and unlocking like a release,
+/// as every `Locking` type; a hand-off releases in the unlocking thread and
+/// acquires in the thread that receives the lock.
+///
+/// Misuse: `unlock()` or `unlock(withCondition:)` of a lock that is not
+/// locked stops the process with a message. Unlocking from a thread other
+/// than the one that locked is not detected (Foundation's `NSConditionLock`
+/// forbids it too). Not recursive: locking it again on the thread that holds
+/// it deadlocks.
+public struct ConditionLock: Locking, @unchecked Sendable {
+    // @unchecked: the storage's plain fields are only touched under the
+    // internal guard lock; the condition and the waiters' states are atomics.
+
+    /// Owns the words, from a cache-line aligned base:
+    ///
+    ///      0  Int64    the guard's hand-off time
+    ///      8  UInt32   the guard's lock word (a `FutexMutex`)
+    ///     12  UInt32   1 while some thread holds the condition lock (guarded)
+    ///     16  Int      the condition (written under the guard, read anywhere)
+    ///     24  pointer  the first waiter (guarded)
+    ///     32  pointer  the last waiter (guarded)
+    ///     40  UInt32   the waiters' spin limit (`AdaptiveSpin`)
+    @usableFromInline
+    final class Storage {
+        @usableFromInline let base: UnsafeMutableRawPointer
+        init(condition: Int) {
+            base = allocateStableWords(byteCount: 44)
+            (base + 16).storeBytes(of: condition, as: Int.self)
+            (base + 40).storeBytes(of: AdaptiveSpin.initialPolls, as: UInt32.self)
+        }
+        deinit { base.deallocate() }
+    }
+
+    @usableFromInline let storage: Storage
+
+    /// A new, unlocked lock whose condition is `condition`.
+    public init(condition: Int = 0) {
+        storage = Storage(condition: condition)
+    }
+
+    @inlinable
+    var guardLock: FutexMutex {
+        FutexMutex(
+            word: (storage.base + 8).assumingMemoryBound(to: UInt32.self),
+            nextHandoff: storage.base.assumingMemoryBound(to: Int64.self))
+    }
+
+    @inlinable
+    var held: UnsafeMutablePointer<UInt32> { (storage.base + 12).assumingMemoryBound(to: UInt32.self) }
+
+    @inlinable
+    var conditionWord: UnsafeMutablePointer<Int> { (storage.base + 16).assumingMemoryBound(to: Int.self) }
+
+    @inlinable
+    var firstWaiter: UnsafeMutablePointer<UnsafeMutableRawPointer?> {
+        (storage.base + 24).assumingMemoryBound(to: UnsafeMutableRawPointer?.self)
+    }
+
+    @inlinable
+    var lastWaiter: UnsafeMutablePointer<UnsafeMutableRawPointer?> {
+        (storage.base + 32).assumingMemoryBound(to: UnsafeMutableRawPointer?.self)
+    }
+
+    @inlinable
+    var spin: AdaptiveSpin { AdaptiveSpin((storage.base + 40).assumingMemoryBound(to: UInt32.self)) }
+
+    /// The lock's condition now. A snapshot: unless the caller holds the
+    /// lock, another thread may change it at once. Never blocks; orders no
+    /// other memory.
+    public var condition: Int { AtomicMemory.load(from: conditionWord, ordering: .relaxed) }
+
+    // MARK: Locking, whatever the condition
+
+    /// Acquires the lock whatever its condition, sleeping while another
+    /// thread holds it. Blocks. Acquire ordering.
+    @inlinable
+    public func lock() {
+        _ = acquire(anyCondition: true, wanted: 0, before: .distantFuture)
+    }
+
+    /// Acquires the lock whatever its condition if it is free now. Does not
+    /// wait for the lock (only, for a few instructions at most, for the
+    /// internal guard). Acquire ordering on success.
+    @inlinable
+    public func tryLock() -> Bool {
+        acquire(anyCondition: true, wanted: 0, before: MonotonicClock.Instant(nanoseconds: 0))
+    }
+
+    /// Acquires the lock whatever its condition, sleeping at most until
+    /// `deadline`; returns whether it did. Blocks. Acquire ordering on
+    /// success.
+    @inlinable
+    public func lock(before deadline: MonotonicClock.Instant) -> Bool {
+        acquire(anyCondition: true, wanted: 0, before: deadline)
+    }
+
+    // MARK: Locking when the condition matches
+
+    /// Acquires the lock once it is free and its condition is `condition`,
+    /// sleeping until then. Blocks. Acquire ordering.
+    @inlinable
+    public func lock(whenCondition condition: Int) {
+        _ = acquire(anyCondition: false, wanted: condition, before: .distantFuture)
+    }
+
+    /// Acquires the lock if it is free and its condition is `condition` now.
+    /// Does not wait for the lock. Acquire ordering on success.
+    @inlinable
+    public func tryLock(whenCondition condition: Int) -> Bool {
+        acquire(anyCondition: false, wanted: condition, before: MonotonicClock.Instant(nanoseconds: 0))
+    }
+
+    /// Acquires the lock once it is free and its condition is `condition`,
+    /// sleeping at most until `deadline`; returns whether it did. Blocks.
+    /// Acquire ordering on success. `.distantFuture` waits forever; a
+    /// deadline already past makes this `tryLock(whenCondition:)`.
+    @inlinable
+    public func lock(whenCondition condition: Int, before deadline: MonotonicClock.Instant) -> Bool {
+        acquire(anyCondition: false, wanted: condition, before: deadline)
+    }
+
+    /// As `lock(whenCondition:before:)`, with a deadline `timeout` from now.
+    @inlinable
+    public func lock(whenCondition condition: Int, timeout: Duration) -> Bool {
+        acquire(anyCondition: false, wanted: condition, before: MonotonicClock.now.advanced(by: timeout))
+    }
+
+    // MARK: Unlocking
+
+    /// Releases the lock and keeps its condition. If a thread waits for that
+    /// condition (or for any), the lock passes directly to the one that has
+    /// waited longest, and only that thread wakes. Never blocks (beyond the
+    /// internal guard); a system call only when that thread sleeps. Release
+    /// ordering. Stops the process with a message if the lock is not locked.
+    @inlinable
+    public func unlock() {
+        let guardLock = self.guardLock
+        guardLock.lock()
+        release(guardLock, caller: "unlock()")
+    }
+
+    /// Sets the condition to `condition` and releases the lock, in one step.
+    /// If a thread waits for `condition` (or for any), the lock passes
+    /// directly to the one that has waited longest, and only that thread
+    /// wakes; threads waiting for other conditions stay asleep. Never blocks
+    /// (beyond the internal guard). Release ordering. Stops the process with
+    /// a message if the lock is not locked.
+    @inlinable
+    public func unlock(withCondition condition: Int) {
+        let guardLock = self.guardLock
+        guardLock.lock()
+        AtomicMemory.store(condition, to: conditionWord, ordering: .relaxed)
+        release(guardLock, caller: "unlock(withCondition:)")
+    }
+
+    // MARK: Fast paths
+
+    /// Takes the lock if it is free and its condition lets the caller in;
+    /// otherwise waits until `deadline`.
+    @inlinable
+    func acquire(anyCondition: Bool, wanted: Int, before deadline: MonotonicClock.Instant) -> Bool {
+        let guardLock = self.guardLock
+        // The guard's acquire and release order the plain fields; the
+        // condition lock's own acquire is the guard's acquire here.
+        guardLock.lock()
+        if held.pointee == 0
+            && (anyCondition || AtomicMemory.load(from: conditionWord, ordering: .relaxed) == wanted)
+        {
+            held.pointee = 1
+            guardLock.unlock()
+            return true
+        }
+        return acquireContended(guardLock, anyCondition: anyCondition, wanted: wanted, before: deadline)
+    }
+
+    /// Called holding the guard. Releases the lock, or hands it to the first
+    /// waiter that the condition now lets in. Releases the guard.
+    @inlinable
+    func release(_ guardLock: FutexMutex, caller: StaticString) {
+        if held.pointee == 0 {
+            guardLock.unlock()
+            misuse("ConditionLock.\(caller): the lock is not locked (unbalanced unlock, or unlock before lock)")
+        }
+        if firstWaiter.pointee == nil {
+            held.pointee = 0
+            guardLock.unlock()
+            return
+        }
+        handOff(guardLock)
+    }
+}
+
+// MARK: - Waiting and hand-off
+
+extension ConditionLock {
+    /// A waiting thread's record, on its stack, linked into the lock's list
+    /// while it waits. Fields (32 bytes, 8-aligned):
+    ///
+    ///      0  UInt32   state: waiting, sleeping or granted (atomic)
+    ///      4  UInt32   1 if any condition will do (guarded)
+    ///      8  Int      the condition waited for (guarded)
+    ///     16  pointer  next waiter (guarded)
+    ///     24  pointer  previous waiter (guarded)
+    @usableFromInline
+    struct Waiter {
+        /// Spinning, not yet asleep: a hand-off needs no wake call.
+        static var waiting: UInt32 { 0 }
+        /// May be asleep on `state`: a hand-off must wake it.
+        static var sleeping: UInt32 { 1 }
+        /// The lock has been handed to this thread.
+        static var granted: UInt32 { 2 }
+
+        static var byteCount: Int { 32 }
+
+        let base: UnsafeMutableRawPointer
+
+        var state: UnsafeMutablePointer<UInt32> { base.assumingMemoryBound(to: UInt32.self) }
+        var anyCondition: Bool {
+            get { base.load(fromByteOffset: 4, as: UInt32.self) != 0 }
+            nonmutating set { base.storeBytes(of: newValue ? 1 : 0, toByteOffset: 4, as: UInt32.self) }
+        }
+        var wanted: Int {
+            get { base.load(fromByteOffset: 8, as: Int.self) }
+            nonmutating set { base.storeBytes(of: newValue, toByteOffset: 8, as: Int.self) }
+        }
+        var next: UnsafeMutableRawPointer? {
+            get { base.load(fromByteOffset: 16, as: UnsafeMutableRawPointer?.self) }
+            nonmutating set { base.storeBytes(of: newValue, toByteOffset: 16, as: UnsafeMutableRawPointer?.self) }
+        }
+        var previous: UnsafeMutableRawPointer? {
+            get { base.load(fromByteOffset: 24, as: UnsafeMutableRawPointer?.self) }
+            nonmutating set { base.storeBytes(of: newValue, toByteOffset: 24, as: UnsafeMutableRawPointer?.self) }
+        }
+
+        func admits(_ condition: Int) -> Bool { anyCondition || wanted == condition }
+    }
+
+    /// Called holding the guard, the lock taken by another thread or its
+    /// condition not the wanted one. Queues the caller and waits for a
+    /// hand-off or the deadline. Releases the guard.
+    @usableFromInline
+    @inline(never)
+    func acquireContended(
+        _ guardLock: FutexMutex, anyCondition: Bool, wanted: Int, before deadline: MonotonicClock.Instant
+    ) -> Bool {
+        if !deadline.isDistantFuture && MonotonicClock.now >= deadline {
+            guardLock.unlock()
+            return false
+        }
+        return withUnsafeTemporaryAllocation(byteCount: Waiter.byteCount, alignment: 8) { buffer in
+            let me = Waiter(base: buffer.baseAddress!)
+            me.state.initialize(to: Waiter.waiting)
+            me.anyCondition = anyCondition
+            me.wanted = wanted
+            append(me)
+            guardLock.unlock()
+            return awaitHandOff(me, guardLock, until: deadline)
+        }
+    }
+
+    /// Waits, queued as `me`, until a hand-off (true) or the deadline (false).
+    func awaitHandOff(_ me: Waiter, _ guardLock: FutexMutex, until deadline: MonotonicClock.Instant) -> Bool {
+        // Acquiring loads: pair with the releasing exchange in `handOff`,
+        // which publishes the previous holder's critical section.
+        let granted = { AtomicMemory.load(from: me.state, ordering: .acquiring) == Waiter.granted }
+        if spin.poll(granted) { return true }
+        let announced = AtomicMemory.compareExchange(
+            expected: Waiter.waiting, desired: Waiter.sleeping, at: me.state, ordering: .acquiring)
+        if !announced.exchanged { return true }  // granted meanwhile
+        let futex = Futex(me.state)
+        while true {
+            let result = futex.wait(expecting: Waiter.sleeping, until: deadline)
+            if granted() { return true }
+            if result == .timedOut {
+                guardLock.lock()
+                if granted() {
+                    guardLock.unlock()
+                    return true
+                }
+                unlink(me)
+                guardLock.unlock()
+                return false
+            }
+            // Woken spuriously: still queued, sleep again.
+        }
+    }
+
+    /// Called holding the guard with waiters queued: hands the lock to the
+    /// first waiter the condition admits, or releases it. Releases the guard.
+    @usableFromInline
+    @inline(never)
+    func handOff(_ guardLock: FutexMutex) {
+        let condition = AtomicMemory.load(from: conditionWord, ordering: .relaxed)
+        var candidate = firstWaiter.pointee
+        while let node = candidate, !Waiter(base: node).admits(condition) {
+            candidate = Waiter(base: node).next
+        }
+        guard let node = candidate else {
+            held.pointee = 0
+            guardLock.unlock()
+            return
+        }
+        let chosen = Waiter(base: node)
+        unlink(chosen)
+        // `held` stays 1: the lock passes to the chosen thread. Releasing:
+        // the critical section just ended is published to it.
+        let previous = AtomicMemory.exchange(Waiter.granted, at: chosen.state, ordering: .acquiringAndReleasing)
+        guardLock.unlock()
+        if previous == Waiter.sleeping {
+            // After releasing the guard, so that the woken thread does not run
+            // into it. The record lives on the chosen thread's stack, which it
+            // may leave (woken spuriously, it sees `granted`) before this call
+            // is made: the call then names a dead address. That is harmless:
+            // FUTEX_WAKE on a private futex does not touch the memory, and at
+            // worst it wakes whatever sleeps at that address later, which
+            // futex(2) requires every sleeper to tolerate as a spurious
+            // wake-up (all of Spindle's re-check their word).
+            Futex(chosen.state).wake(1)
+        }
+    }
+
+    /// Appends `me` to the list of waiters. Called holding the guard.
+    func append(_ me: Waiter) {
+        me.next = nil
+        me.previous = lastWaiter.pointee
+        if let last = lastWaiter.pointee {
+            Waiter(base: last).next = me.base
+        } else {
+            firstWaiter.pointee = me.base
+        }
+        lastWaiter.pointee = me.base
+    }
+
+    /// Removes `node` from the list of waiters. Called holding the guard.
+    func unlink(_ node: Waiter) {
+        if let previous = node.previous {
+            Waiter(base: previous).next = node.next
+        } else {
+            firstWaiter.pointee = node.next
+        }
+        if let next = node.next {
+            Waiter(base: next).previous = node.previous
+        } else {
+            lastWaiter.pointee = node.previous
+        }
+    }
+}

@@ -1,0 +1,331 @@
+/// The futex condition-variable algorithm behind `Condition` and
+/// `ConditionVariable`, on words that the owning object keeps at stable
+/// addresses. The mutex a waiter releases is a `FutexMutex`; see `Condition`
+/// for the contract.
+///
+/// The words (`byteCount` bytes from an 8-byte aligned base):
+///
+///     sequence    UInt32  the futex word. Every signal and broadcast that finds
+///                         a waiter adds one. A waiter reads it while it still
+///                         holds the lock and sleeps only while it is unchanged,
+///                         so a signal issued after the waiter released the
+///                         lock either changes it before the waiter sleeps (the
+///                         kernel then refuses the sleep) or finds the waiter
+///                         asleep and wakes it: no lost wake-up.
+///     waiters     UInt32  threads inside `wait`, spinning or asleep. With none,
+///                         `signal` and `broadcast` are one load.
+///     sleepers    UInt32  threads inside `wait` that may be asleep in the
+///                         kernel. With none, a signal makes no system call.
+///     spin        UInt32  the waiters' adaptive spin limit (`AdaptiveSpin`).
+///     broadcasts  UInt64  requeueing broadcasts: the high half counts those
+///                         begun, the low half those still in flight. A waiter
+///                         reads it before and after its sleep to learn whether
+///                         a broadcast may have moved it onto the mutex's word.
+///
+/// Broadcast and the thundering herd: waking every waiter would send them all
+/// to fight over the mutex, and all but one would go straight back to sleep
+/// on it. Instead `broadcast` wakes one and moves the rest, still asleep, onto
+/// the mutex's word (`FUTEX_CMP_REQUEUE`), marking the mutex `parked` first;
+/// each `unlock` then wakes the next one. A moved thread is woken as a sleeper
+/// of the mutex, so it must take the mutex the way its sleepers do: with
+/// `parked` set, since others may still sleep there (`lockAfterRequeue`). A
+/// waiter cannot tell from the kernel which word woke it, hence `broadcasts`.
+/// The waiter's test is conservative: any broadcast that overlaps its sleep
+/// counts, and the only cost of a false positive is one needless wake call on
+/// the next unlock.
+///
+/// Deferred wake-ups (`Condition` only, whose mutex word is its own): a
+/// signal usually comes from the thread holding the lock, and a sleeper woken
+/// at once would only run into that lock (on a busy machine, preempting the
+/// signaller to do so). So `signalDeferring(to:)` leaves the wake-up in the
+/// mutex word's bits 8–31 while the mutex is locked, and the unlock that
+/// releases it (`unlockFlushingWakes`) makes the wake call after releasing.
+/// `FutexMutex` keeps bits it does not know through all its transitions.
+@usableFromInline
+struct FutexCondition {
+    @usableFromInline let sequence: UnsafeMutablePointer<UInt32>
+    @usableFromInline let waiters: UnsafeMutablePointer<UInt32>
+    @usableFromInline let sleepers: UnsafeMutablePointer<UInt32>
+    @usableFromInline let spin: AdaptiveSpin
+    @usableFromInline let broadcasts: UnsafeMutablePointer<UInt64>
+
+    /// The bytes of words a condition needs, laid out from an 8-byte aligned base.
+    static var byteCount: Int { 24 }
+
+    /// Sets up the words of a new condition at `base` (zeroed memory).
+    static func initialize(at base: UnsafeMutableRawPointer) {
+        (base + 12).storeBytes(of: AdaptiveSpin.initialPolls, as: UInt32.self)
+    }
+
+    /// One broadcast begun and in flight, in `broadcasts`.
+    @usableFromInline static var broadcastBegun: UInt64 { 1 << 32 | 1 }
+    /// The in-flight half of `broadcasts`.
+    @usableFromInline static var inFlightMask: UInt64 { 0xFFFF_FFFF }
+
+    /// One deferred wake-up, in the mutex word (`Condition` only).
+    @usableFromInline static var deferredWake: UInt32 { 1 << 8 }
+    /// The deferred wake-ups' bits of the mutex word.
+    @usableFromInline static var deferredWakeMask: UInt32 { ~0xFF }
+
+    @inlinable
+    init(base: UnsafeMutableRawPointer) {
+        sequence = base.assumingMemoryBound(to: UInt32.self)
+        waiters = (base + 4).assumingMemoryBound(to: UInt32.self)
+        sleepers = (base + 8).assumingMemoryBound(to: UInt32.self)
+        spin = AdaptiveSpin((base + 12).assumingMemoryBound(to: UInt32.self))
+        broadcasts = (base + 16).assumingMemoryBound(to: UInt64.self)
+    }
+
+    /// Whether any thread is inside `wait` (a snapshot). Acquiring: pairs with
+    /// the waiter's count, so what the waiter did before counting itself
+    /// (pairing a `ConditionVariable` with its lock) is visible after a true.
+    @inlinable
+    var hasWaiters: Bool { AtomicMemory.load(from: waiters, ordering: .acquiring) != 0 }
+
+    // MARK: Signal
+
+    /// The part of a signal that never sleeps or calls the kernel: announces
+    /// it to the waiters (spinning ones see it at once) and returns whether a
+    /// sleeper must be woken.
+    @inlinable
+    func prepareSignal() -> Bool {
+        // Sequentially consistent, like the waiter's read-then-count: either
+        // we see the waiter counted, or it read the sequence after our
+        // increment (and so is not waiting for this signal). A signaller that
+        // holds the lock is ordered after the waiter by the lock itself.
+        guard AtomicMemory.load(from: waiters, ordering: .sequentiallyConsistent) != 0 else { return false }
+        AtomicMemory.increment(sequence, ordering: .sequentiallyConsistent)
+        // Pairs with the sleeper's increment of `sleepers` and re-read of the
+        // sequence (a Dekker pair): either we see it counted and wake it, or it
+        // sees the new sequence and does not sleep.
+        return AtomicMemory.load(from: sleepers, ordering: .sequentiallyConsistent) != 0
+    }
+
+    /// Wakes one waiter, if there is one, at once.
+    @inlinable
+    func signalNow() {
+        if prepareSignal() { wakeOne() }
+    }
+
+    /// Wakes one waiter, if there is one; a sleeper is woken by the unlock of
+    /// `mutex` if it is locked now (see the type's comment).
+    @inlinable
+    func signalDeferring(to mutex: FutexMutex) {
+        if prepareSignal() { deferWake(mutex) }
+    }
+
+    @usableFromInline
+    func wakeOne() {
+        Futex(sequence).wake(1)
+    }
+
+    /// Wakes one waiter, if there is one; while `mutex` is locked, a sleeper
+    /// is not woken but moved onto the mutex's word, and its unlock wakes it
+    /// (`ConditionVariable`, whose mutex is a `Lock` it cannot hook).
+    @inlinable
+    func signalMoving(onto mutex: FutexMutex) {
+        if prepareSignal() { moveOne(onto: mutex) }
+    }
+
+    @usableFromInline
+    @inline(never)
+    func moveOne(onto mutex: FutexMutex) {
+        // Not locked: there is no unlock to wait for.
+        if AtomicMemory.load(from: mutex.word, ordering: .relaxed) & FutexMutex.locked == 0 {
+            wakeOne()
+            return
+        }
+        // A moved thread must know it may have been moved (see `sleep`).
+        AtomicMemory.add(Self.broadcastBegun, to: broadcasts, ordering: .sequentiallyConsistent)
+        let condition = Futex(sequence)
+        var expected = AtomicMemory.load(from: sequence, ordering: .relaxed)
+        while condition.wakeAndRequeue(wakeCount: 0, requeueCount: 1, onto: Futex(mutex.word), ifValue: expected) == nil {
+            expected = AtomicMemory.load(from: sequence, ordering: .relaxed)
+        }
+        AtomicMemory.add(UInt64.max, to: broadcasts, ordering: .sequentiallyConsistent)  // one fewer in flight
+        // Now make sure somebody wakes the moved thread: if the mutex is
+        // locked, its unlock must find `parked` (set it, even if an unlock
+        // cleared it since); if it is free, wake a sleeper of it now. Either
+        // way the woken thread takes the mutex as a sleeper does, setting
+        // `parked` again for any other thread left on the word.
+        var state = AtomicMemory.load(from: mutex.word, ordering: .sequentiallyConsistent)
+        while true {
+            if state & FutexMutex.locked == 0 {
+                Futex(mutex.word).wake(1)
+                return
+            }
+            if state & FutexMutex.parked != 0 { return }
+            let r = AtomicMemory.compareExchange(
+                expected: state, desired: state | FutexMutex.parked, at: mutex.word,
+                ordering: .sequentiallyConsistent)
+            if r.exchanged { return }
+            state = r.original
+        }
+    }
+
+    /// Leaves one wake-up in the word of `mutex` if it is locked; wakes now if
+    /// it is not (or if the word's count is full).
+    @usableFromInline
+    @inline(never)
+    func deferWake(_ mutex: FutexMutex) {
+        var state = AtomicMemory.load(from: mutex.word, ordering: .relaxed)
+        while state & FutexMutex.locked != 0 && state & Self.deferredWakeMask != Self.deferredWakeMask {
+            // Relaxed: the wake-up carries no data (the lock publishes the
+            // predicate); the unlocker only has to see the count, and it
+            // takes it with a read-modify-write of this same word.
+            let r = AtomicMemory.compareExchange(
+                expected: state, desired: state &+ Self.deferredWake, at: mutex.word, ordering: .relaxed)
+            if r.exchanged { return }
+            state = r.original
+        }
+        wakeOne()
+    }
+
+    /// Releases `mutex`, then makes the wake calls that signals left in its
+    /// word. The fast path is `FutexMutex.unlock`'s: one compare-and-swap.
+    @inlinable
+    func unlockFlushingWakes(_ mutex: FutexMutex) {
+        // Releasing: pairs with the acquiring CAS of the next holder.
+        if !AtomicMemory.compareAndSwap(expected: FutexMutex.locked, desired: 0, at: mutex.word, ordering: .releasing) {
+            unlockFlushingWakesContended(mutex)
+        }
+    }
+
+    @usableFromInline
+    @inline(never)
+    func unlockFlushingWakesContended(_ mutex: FutexMutex) {
+        var wakes: UInt32 = 0
+        // Take the count out while still holding the lock...
+        var state = AtomicMemory.load(from: mutex.word, ordering: .relaxed)
+        while state & Self.deferredWakeMask != 0 && state & FutexMutex.locked != 0 {
+            let r = AtomicMemory.compareExchange(
+                expected: state, desired: state & ~Self.deferredWakeMask, at: mutex.word, ordering: .relaxed)
+            if r.exchanged {
+                wakes += state >> 8
+                break
+            }
+            state = r.original
+        }
+        // ...release it (FutexMutex's unlock; it also stops the process if
+        // the mutex was not locked)...
+        mutex.unlock()
+        // ...and collect what signals deferred after the count was taken but
+        // before the release. Once the mutex is free nobody else will: the
+        // next holder would, but there may be none.
+        state = AtomicMemory.load(from: mutex.word, ordering: .relaxed)
+        while state & Self.deferredWakeMask != 0 && state & FutexMutex.locked == 0 {
+            let r = AtomicMemory.compareExchange(
+                expected: state, desired: state & ~Self.deferredWakeMask, at: mutex.word, ordering: .relaxed)
+            if r.exchanged {
+                wakes += state >> 8
+                break
+            }
+            state = r.original
+        }
+        if wakes != 0 { Futex(sequence).wake(Int(wakes)) }
+    }
+
+    // MARK: Broadcast
+
+    /// Wakes every waiter: spinning ones through the sequence, sleeping ones
+    /// by waking one and moving the rest onto `mutex`'s word.
+    @inlinable
+    func broadcast(requeueingOnto mutex: FutexMutex) {
+        guard AtomicMemory.load(from: waiters, ordering: .sequentiallyConsistent) != 0 else { return }
+        broadcastWaiting(requeueingOnto: mutex)
+    }
+
+    @usableFromInline
+    @inline(never)
+    func broadcastWaiting(requeueingOnto mutex: FutexMutex) {
+        var expected = AtomicMemory.add(1, to: sequence, ordering: .sequentiallyConsistent)
+        // The same Dekker pair as in `prepareSignal`.
+        guard AtomicMemory.load(from: sleepers, ordering: .sequentiallyConsistent) != 0 else { return }
+        // Announce the requeue before the system call and retract it after:
+        // a waiter that overlaps it sees one or the other (see `sleep`).
+        AtomicMemory.add(Self.broadcastBegun, to: broadcasts, ordering: .sequentiallyConsistent)
+        // The moved threads will sleep on the mutex word: make its next unlock
+        // wake one. (`parked` on an unlocked word is a state FutexMutex
+        // accepts: the next locker keeps the bit.)
+        AtomicMemory.or(FutexMutex.parked, into: mutex.word, ordering: .sequentiallyConsistent)
+        let condition = Futex(sequence)
+        let target = Futex(mutex.word)
+        // Wake one, so that somebody will take the mutex even if nobody holds
+        // it now; move all the others. Retry if a signal changed the sequence
+        // between our increment and the call (nothing was done then).
+        while condition.wakeAndRequeue(
+            wakeCount: 1, requeueCount: Int(Int32.max), onto: target, ifValue: expected) == nil
+        {
+            expected = AtomicMemory.load(from: sequence, ordering: .relaxed)
+        }
+        AtomicMemory.add(UInt64.max, to: broadcasts, ordering: .sequentiallyConsistent)  // one fewer in flight
+    }
+
+    // MARK: Wait
+
+    /// Releases `mutex` (held by the caller), waits for a signal, a broadcast,
+    /// the deadline or a spurious wake-up, and takes `mutex` again. Returns
+    /// false only if the deadline passed with no signal or broadcast.
+    /// `flushingWakes`: release with `unlockFlushingWakes` (`Condition`).
+    @usableFromInline
+    @inline(never)
+    func wait(releasing mutex: FutexMutex, flushingWakes: Bool, until deadline: MonotonicClock.Instant) -> Bool {
+        // Both while holding the lock, read first and counted second (see
+        // `prepareSignal`). Relaxed read: a signaller that holds the lock after
+        // us is ordered after it by the lock; one that does not is not waited for.
+        let observed = AtomicMemory.load(from: sequence, ordering: .relaxed)
+        AtomicMemory.increment(waiters, ordering: .sequentiallyConsistent)
+        if flushingWakes {
+            unlockFlushingWakes(mutex)
+        } else {
+            mutex.unlock()
+        }
+
+        var signalled = true
+        var mayHaveMoved = false
+        let changed = spin.poll { AtomicMemory.load(from: sequence, ordering: .relaxed) != observed }
+        if !changed {
+            (signalled, mayHaveMoved) = sleep(whileSequenceIs: observed, until: deadline)
+        }
+        AtomicMemory.decrement(waiters, ordering: .relaxed)
+        if mayHaveMoved {
+            mutex.lockAfterRequeue()
+        } else {
+            mutex.lock()
+        }
+        return signalled
+    }
+
+    /// Sleeps on the sequence while it holds `observed`. Returns whether it
+    /// changed (false: the deadline passed), and whether a broadcast may have
+    /// moved this thread onto the mutex word while it slept.
+    @usableFromInline
+    func sleep(
+        whileSequenceIs observed: UInt32, until deadline: MonotonicClock.Instant
+    ) -> (signalled: Bool, mayHaveMoved: Bool) {
+        AtomicMemory.increment(sleepers, ordering: .sequentiallyConsistent)
+        defer { AtomicMemory.decrement(sleepers, ordering: .relaxed) }
+        // Read before the sleep; compared after it. A broadcast whose requeue
+        // call overlaps the sleep either had begun and not finished when this
+        // was read (in-flight half nonzero) or begins later (begun half changes).
+        let before = AtomicMemory.load(from: broadcasts, ordering: .sequentiallyConsistent)
+        let futex = Futex(sequence)
+        while true {
+            // The other half of the Dekker pair in `prepareSignal`.
+            if AtomicMemory.load(from: sequence, ordering: .sequentiallyConsistent) != observed {
+                return (true, false)
+            }
+            let result = futex.wait(expecting: observed, until: deadline)
+            if result == .valueChanged { return (true, false) }  // never slept, so never moved
+            let after = AtomicMemory.load(from: broadcasts, ordering: .sequentiallyConsistent)
+            let mayHaveMoved = before & Self.inFlightMask != 0 || after != before
+            let changed = AtomicMemory.load(from: sequence, ordering: .relaxed) != observed
+            if result == .timedOut { return (changed, mayHaveMoved) }
+            // Woken. A thread that may have been moved must go and take the
+            // mutex (it carries the wake-up chain of the moved threads); one
+            // that cannot have been moved and sees no change was woken
+            // spuriously and sleeps again.
+            if changed || mayHaveMoved { return (true, mayHaveMoved) }
+        }
+    }
+}

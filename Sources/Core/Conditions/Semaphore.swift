@@ -1,0 +1,206 @@
+/// A counting semaphore with the dispatch-semaphore model: Spindle's
+/// `DispatchSemaphore`.
+///
+/// The semaphore counts available resources. `wait()` takes one, sleeping
+/// while none is available; `signal()` returns one, waking a waiter if any
+/// thread waits. As in the Concurrency Programming Guide's description of
+/// dispatch semaphores, the kernel is involved only when a thread must sleep:
+///
+/// - `wait()` with a resource available, and `signal()` with nobody waiting,
+///   are one atomic add each, inlined into the caller.
+/// - A waiter that finds none spins for a wake-up before it sleeps
+///   (`futex(FUTEX_WAIT_BITSET)`), up to 13 µs and only as long as spinning
+///   has been paying off on this semaphore (`AdaptiveSpin`); `signal()` makes
+///   a system call only when a waiter is actually asleep.
+///
+/// The count may go negative: then its magnitude is the number of threads
+/// waiting. Each `signal()` that finds it negative hands one wake-up token to
+/// the waiters; tokens are not tied to a particular waiter, so who wakes first
+/// is not specified (the kernel wakes its sleepers in arrival order).
+///
+/// `Semaphore` is a handle: copies share one semaphore. The words live in a
+/// 64-byte heap block that never moves.
+///
+/// Memory: a `signal()` releases and the `wait()` it satisfies acquires, so
+/// what the signalling thread wrote before `signal()` is visible to the
+/// thread whose `wait()` returns because of it.
+///
+/// Misuse: creating a semaphore with a negative value stops the process with
+/// a message. Signalling more often than waiting simply raises the count (as
+/// `DispatchSemaphore` does, minus its deallocation check).
+public struct Semaphore: @unchecked Sendable {
+    // @unchecked: the storage is only touched through atomics and the kernel.
+
+    /// Owns the words: the count (Int at 0), the wake-up tokens (UInt32 at 8,
+    /// the futex word sleepers wait on), the number of threads that may be
+    /// asleep (UInt32 at 12) and the waiters' spin limit (UInt32 at 16).
+    @usableFromInline
+    final class Storage {
+        @usableFromInline let base: UnsafeMutableRawPointer
+        init(value: Int) {
+            base = allocateStableWords(byteCount: 20)
+            base.storeBytes(of: value, as: Int.self)
+            (base + 16).storeBytes(of: AdaptiveSpin.initialPolls, as: UInt32.self)
+        }
+        deinit { base.deallocate() }
+    }
+
+    @usableFromInline let storage: Storage
+
+    /// A semaphore with `value` resources available (0 makes it a signal
+    /// between threads: the first `wait()` sleeps until a `signal()`). Stops
+    /// the process with a message if `value` is negative.
+    public init(value: Int) {
+        require(
+            value >= 0,
+            "Semaphore(value:): `value` is \(value); a semaphore starts with zero or more resources")
+        storage = Storage(value: value)
+    }
+
+    @inlinable
+    var count: UnsafeMutablePointer<Int> { storage.base.assumingMemoryBound(to: Int.self) }
+
+    @inlinable
+    var tokens: UnsafeMutablePointer<UInt32> { (storage.base + 8).assumingMemoryBound(to: UInt32.self) }
+
+    @inlinable
+    var sleepers: UnsafeMutablePointer<UInt32> { (storage.base + 12).assumingMemoryBound(to: UInt32.self) }
+
+    @inlinable
+    var spin: AdaptiveSpin { AdaptiveSpin((storage.base + 16).assumingMemoryBound(to: UInt32.self)) }
+
+    /// The count now: available resources if positive, minus the number of
+    /// waiting threads if negative. A snapshot, for tests and diagnostics.
+    public var value: Int { AtomicMemory.load(from: count, ordering: .relaxed) }
+
+    // MARK: Waiting
+
+    /// Takes a resource, sleeping until one is available. Blocks. Acquire
+    /// ordering (pairs with the `signal()` that provided the resource).
+    @inlinable
+    public func wait() {
+        // Acquiring: pairs with the releasing add in `signal`.
+        if AtomicMemory.decrement(count, ordering: .acquiring) >= 0 { return }
+        _ = waitContended(until: .distantFuture)
+    }
+
+    /// Takes a resource, sleeping at most until `deadline` on the monotonic
+    /// clock. Returns whether it took one. Blocks. Acquire ordering on
+    /// success. `.distantFuture` waits forever; a deadline already past
+    /// returns at once (true only if a resource was available).
+    @inlinable
+    public func wait(until deadline: MonotonicClock.Instant) -> Bool {
+        if AtomicMemory.decrement(count, ordering: .acquiring) >= 0 { return true }
+        return waitContended(until: deadline)
+    }
+
+    /// As `wait(until:)`, with a deadline `timeout` from now.
+    @inlinable
+    public func wait(timeout: Duration) -> Bool {
+        wait(until: MonotonicClock.now.advanced(by: timeout))
+    }
+
+    /// Takes a resource if one is available now. Never blocks, never joins
+    /// the waiters. Acquire ordering on success.
+    @inlinable
+    public func tryWait() -> Bool {
+        var current = AtomicMemory.load(from: count, ordering: .relaxed)
+        while current > 0 {
+            let r = AtomicMemory.compareExchange(
+                expected: current, desired: current - 1, at: count, ordering: .acquiring)
+            if r.exchanged { return true }
+            current = r.original
+        }
+        return false
+    }
+
+    /// The caller has counted itself among the waiters (the count it left is
+    /// negative): wait for a token, or withdraw at the deadline.
+    @usableFromInline
+    @inline(never)
+    func waitContended(until deadline: MonotonicClock.Instant) -> Bool {
+        var deadline = deadline
+        if !isPast(deadline) && spin.poll({ AtomicMemory.load(from: tokens, ordering: .relaxed) != 0 }) {
+            if takeToken() { return true }
+        }
+        AtomicMemory.increment(sleepers, ordering: .sequentiallyConsistent)
+        defer { AtomicMemory.decrement(sleepers, ordering: .relaxed) }
+        let futex = Futex(tokens)
+        while true {
+            // Sequentially consistent with `signal`'s token increment and
+            // sleeper check: either it sees us counted and wakes us, or we
+            // see its token here.
+            if takeToken() { return true }
+            if isPast(deadline) {
+                if withdraw() { return false }
+                // A signal has counted us already: its token is on its way.
+                deadline = .distantFuture
+                continue
+            }
+            _ = futex.wait(expecting: 0, until: deadline)
+        }
+    }
+
+    @usableFromInline
+    func isPast(_ deadline: MonotonicClock.Instant) -> Bool {
+        !deadline.isDistantFuture && MonotonicClock.now >= deadline
+    }
+
+    /// Takes one wake-up token if there is one.
+    @usableFromInline
+    func takeToken() -> Bool {
+        var current = AtomicMemory.load(from: tokens, ordering: .sequentiallyConsistent)
+        while current != 0 {
+            // Acquiring: pairs with the token's releasing increment in
+            // `signalWaiting`, and through it with the signaller's writes.
+            let r = AtomicMemory.compareExchange(
+                expected: current, desired: current - 1, at: tokens, ordering: .acquiring)
+            if r.exchanged { return true }
+            current = r.original
+        }
+        return false
+    }
+
+    /// Leaves the line of waiters if no signal has counted this thread yet
+    /// (the count is still negative); returns whether it left.
+    @usableFromInline
+    func withdraw() -> Bool {
+        var current = AtomicMemory.load(from: count, ordering: .relaxed)
+        while current < 0 {
+            let r = AtomicMemory.compareExchange(
+                expected: current, desired: current + 1, at: count, ordering: .relaxed)
+            if r.exchanged { return true }
+            current = r.original
+        }
+        return false
+    }
+
+    // MARK: Signalling
+
+    /// Returns a resource. If threads are waiting, hands one of them a
+    /// wake-up and returns true; otherwise returns false. Never blocks; one
+    /// atomic add, plus a system call only when a waiter is asleep. Release
+    /// ordering.
+    @inlinable
+    @discardableResult
+    public func signal() -> Bool {
+        // Releasing: pairs with the acquiring decrement in `wait`.
+        if AtomicMemory.increment(count, ordering: .releasing) > 0 { return false }
+        signalWaiting()
+        return true
+    }
+
+    @usableFromInline
+    @inline(never)
+    func signalWaiting() {
+        AtomicMemory.increment(tokens, ordering: .sequentiallyConsistent)
+        if AtomicMemory.load(from: sleepers, ordering: .sequentiallyConsistent) != 0 {
+            Futex(tokens).wake(1)
+        }
+    }
+}
+
+extension Semaphore: Equatable {
+    /// Two handles are equal when they are the same semaphore.
+    public static func == (a: Semaphore, b: Semaphore) -> Bool { a.storage === b.storage }
+}

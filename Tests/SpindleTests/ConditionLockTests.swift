@@ -1,0 +1,232 @@
+import Spindle
+import Testing
+import TestSupport
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The guide's condition values for its producer/consumer example.
+private let noData = 0
+private let hasData = 1
+
+/// A queue of data that the condition lock protects; deliberately not atomic.
+private final class DataQueue: @unchecked Sendable {
+    // @unchecked: every access happens holding the condition lock.
+    var items: [Int] = []
+    var consumed: [Int] = []
+}
+
+/// Flags set by waiter threads, read by the test thread: atomic words.
+private final class Flags: @unchecked Sendable {
+    // @unchecked: the words are only accessed through AtomicMemory.
+    let words = UnsafeMutablePointer<Int>.allocate(capacity: 4)
+    init() { words.initialize(repeating: 0, count: 4) }
+    deinit { words.deallocate() }
+    func set(_ i: Int, _ value: Int) { AtomicMemory.store(value, to: words + i, ordering: .barrier) }
+    func get(_ i: Int) -> Int { AtomicMemory.load(from: words + i, ordering: .barrier) }
+}
+
+@Suite("ConditionLock")
+struct ConditionLockTests {
+    /// The guide's producer/consumer: the producer takes the lock whatever
+    /// its condition and leaves it HAS_DATA; consumers wait for HAS_DATA and
+    /// leave it NO_DATA once the queue is empty. Every item is consumed
+    /// exactly once.
+    @Test(arguments: [1, 3])
+    func guideProducerConsumer(consumers: Int) {
+        let lock = ConditionLock(condition: noData)
+        let queue = DataQueue()
+        let items = 20_000
+        let stop = -1
+        let join = startThread {
+            runThreads(consumers) { _ in
+                while true {
+                    lock.lock(whenCondition: hasData)
+                    let item = queue.items.removeFirst()
+                    if item != stop { queue.consumed.append(item) }
+                    lock.unlock(withCondition: queue.items.isEmpty ? noData : hasData)
+                    if item == stop { return }
+                }
+            }
+        }
+        for item in 0..<items {
+            lock.lock()
+            queue.items.append(item)
+            lock.unlock(withCondition: hasData)
+        }
+        for _ in 0..<consumers {
+            lock.lock()
+            queue.items.append(stop)
+            lock.unlock(withCondition: hasData)
+        }
+        join()
+        #expect(queue.consumed.count == items)
+        #expect(Set(queue.consumed).count == items)
+        #expect(lock.condition == noData)
+        #expect(lock.tryLock(), "free at the end")
+        lock.unlock()
+    }
+
+    /// `unlock(withCondition: c)` hands the lock only to a thread waiting for
+    /// `c`; a thread waiting for another value does not get it (nor wake).
+    @Test func unlockWithConditionWakesOnlyMatchingWaiters() {
+        let lock = ConditionLock(condition: 0)
+        let flags = Flags()  // 1: thread waiting for 1 holds, 2: thread waiting for 2 holds
+        lock.lock()
+        let joinOne = startThread {
+            lock.lock(whenCondition: 1)
+            flags.set(1, 1)
+            lock.unlock(withCondition: 3)
+        }
+        let joinTwo = startThread {
+            lock.lock(whenCondition: 2)
+            flags.set(2, 1)
+            usleep(20_000)
+            flags.set(2, 2)
+            lock.unlock()  // keeps condition 2: nobody waits for it
+        }
+        usleep(20_000)  // both queued (correct either way)
+        lock.unlock(withCondition: 2)
+        joinTwo()
+        #expect(flags.get(2) == 2)
+        #expect(flags.get(1) == 0, "the waiter for 1 must not have the lock")
+        #expect(lock.condition == 2)
+        lock.lock()
+        lock.unlock(withCondition: 1)
+        joinOne()
+        #expect(flags.get(1) == 1)
+        #expect(lock.condition == 3)
+    }
+
+    /// The guide allows every combination: lock with unlock(withCondition:),
+    /// lock(whenCondition:) with unlock, and the try and deadline forms.
+    @Test func everyCombinationOfLockingAndUnlocking() {
+        let lock = ConditionLock(condition: 7)
+        #expect(lock.condition == 7)
+
+        lock.lock()
+        lock.unlock(withCondition: 8)
+        #expect(lock.condition == 8)
+
+        lock.lock(whenCondition: 8)
+        lock.unlock()
+        #expect(lock.condition == 8)
+
+        #expect(!lock.tryLock(whenCondition: 7))
+        #expect(lock.tryLock(whenCondition: 8))
+        #expect(!lock.tryLock(), "held")
+        #expect(!lock.tryLock(whenCondition: 8), "held")
+        lock.unlock(withCondition: 9)
+
+        #expect(lock.tryLock())
+        lock.unlock()
+        #expect(lock.lock(before: .distantFuture))
+        lock.unlock()
+        #expect(lock.lock(whenCondition: 9, before: .distantFuture))
+        lock.unlock(withCondition: 10)
+        #expect(lock.lock(whenCondition: 10, timeout: .seconds(1)))
+        lock.unlock()
+        #expect(lock.lock(timeout: .seconds(1)))
+        lock.unlock()
+    }
+
+    /// A thread waiting in plain `lock()` takes the lock at the next unlock,
+    /// whatever the condition.
+    @Test func plainLockWaiterTakesAnyCondition() {
+        let lock = ConditionLock(condition: 0)
+        let flags = Flags()
+        lock.lock()
+        let join = startThread {
+            lock.lock()
+            flags.set(0, lock.condition)
+            lock.unlock()
+        }
+        usleep(10_000)
+        lock.unlock(withCondition: 42)
+        join()
+        #expect(flags.get(0) == 42)
+    }
+
+    /// Only the lower bound is asserted.
+    @Test func timeoutIsHonoured() {
+        let lock = ConditionLock(condition: 0)
+        let start = MonotonicClock.now
+        #expect(!lock.lock(whenCondition: 1, timeout: .milliseconds(20)))
+        #expect(start.duration(to: .now) >= .milliseconds(20))
+        // A held lock times out too, and a timed-out waiter leaves no trace.
+        lock.lock()
+        let join = startThread {
+            let start = MonotonicClock.now
+            #expect(!lock.lock(timeout: .milliseconds(20)))
+            #expect(start.duration(to: .now) >= .milliseconds(20))
+        }
+        join()
+        lock.unlock(withCondition: 1)
+        #expect(lock.tryLock(whenCondition: 1))
+        lock.unlock()
+    }
+
+    @Test func deadlineInThePastIsATry() {
+        let lock = ConditionLock(condition: 0)
+        let start = MonotonicClock.now
+        let past = start.advanced(by: .seconds(-1))
+        #expect(!lock.lock(whenCondition: 1, before: past))
+        #expect(lock.lock(whenCondition: 0, before: past), "free and matching: taken")
+        #expect(!lock.lock(before: past), "held")
+        #expect(start.duration(to: .now) < .seconds(1))
+        lock.unlock()
+    }
+
+    @Test func distantFutureWaitsForTheCondition() {
+        let lock = ConditionLock(condition: 0)
+        let join = startThread {
+            #expect(lock.lock(whenCondition: 5, before: .distantFuture))
+            lock.unlock(withCondition: 6)
+        }
+        usleep(10_000)
+        lock.lock()
+        lock.unlock(withCondition: 5)
+        join()
+        #expect(lock.condition == 6)
+    }
+
+    /// Hand-offs around a ring of threads, each waiting for its own value:
+    /// targeted wake-ups carry the turn without a lost one.
+    @Test func ringOfConditionsPassesEveryTurn() {
+        let lock = ConditionLock(condition: 0)
+        let threads = 4
+        let rounds = 5_000
+        let flags = Flags()  // 0: timeouts
+        runThreads(threads) { me in
+            for _ in 0..<rounds {
+                if !lock.lock(whenCondition: me, timeout: .seconds(30)) {
+                    flags.set(0, 1)
+                    return
+                }
+                lock.unlock(withCondition: (me + 1) % threads)
+            }
+        }
+        #expect(flags.get(0) == 0, "a wait hit its 30 s deadline: a lost hand-off")
+        #expect(lock.condition == 0)
+    }
+}
+
+@Suite("ConditionLock misuse")
+struct ConditionLockMisuseTests {
+    @Test func unlockingAnUnlockedLock() async {
+        let r = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+            ConditionLock().unlock()
+        }
+        let stderr = String(decoding: r?.standardErrorContent ?? [], as: UTF8.self)
+        #expect(stderr.contains("ConditionLock.unlock(): the lock is not locked"))
+    }
+
+    @Test func unlockingWithConditionAnUnlockedLock() async {
+        let r = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+            ConditionLock(condition: 1).unlock(withCondition: 2)
+        }
+        let stderr = String(decoding: r?.standardErrorContent ?? [], as: UTF8.self)
+        #expect(stderr.contains("ConditionLock.unlock(withCondition:): the lock is not locked"))
+    }
+}
