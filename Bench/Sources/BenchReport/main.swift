@@ -20,7 +20,14 @@
 // - a metric a benchmark does not measure may carry the previous benchmark's
 //   values (the exporter reuses one dictionary), so only metrics that every
 //   benchmark registered through BenchSupport measures should be asked for:
-//   wallClock (the default) and throughput.
+//   wallClock (the default) and throughput. A group that measures more
+//   declares it in a "columns" tag (BenchSupport's ReportedMetrics.swift), and
+//   only the rows that declare a metric are shown with it.
+//
+// Declared metrics: `timePerOperation` (picoseconds per operation, measured by
+// a benchmark whose iteration runs for a fixed time) replaces the wall clock
+// divided by N for its rows; the others (`fairness`, `mallocCountTotal`,
+// `mallocBytesCount`) become extra columns of their group, after the ratio.
 
 import Foundation
 
@@ -41,9 +48,11 @@ let usage = """
                  directory holding *.jmh.json files
     --metric     the metric to report (default wallClock); one of
                  \(MetricKind.known.map(\.name).joined(separator: ", "))
+                 (\(MetricKind.known.filter(\.isDeclaredOnly).map(\.name).joined(separator: " and ")): only the rows that declare them)
     --json PATH  also write the rows to PATH as a JSON array of records with
                  group, implementation, target, metric, unit, median, min, max,
-                 ratio, reference (times in ns per operation)
+                 ratio, reference (times in ns per operation), and, for rows
+                 with extra columns, columns (their medians by metric name)
     -h, --help   print this text
     """
 
@@ -66,6 +75,10 @@ struct MetricKind {
         case operationsPerSecond
         /// A count that does not grow with the operations (peak memory, threads).
         case unscaled
+        /// A value the benchmark recorded per operation in picoseconds: shown in ns.
+        case picosecondsPerOperation
+        /// A ratio the benchmark recorded in thousandths: shown as a fraction.
+        case thousandths
     }
 
     /// The name given on the command line and written to the JSON records.
@@ -74,12 +87,21 @@ struct MetricKind {
     /// the metric), or nil for the primary metric (throughput).
     let jmhKey: String?
     let scaling: Scaling
+    /// Measured only by the rows that declare it in their "columns" tag: a
+    /// custom metric of BenchSupport's ReportedMetrics.swift.
+    var isDeclaredOnly = false
+    /// Shown beside the ratio when a row declares it (instead of being a
+    /// metric that replaces another, like timePerOperation).
+    var column: String? = nil
+    /// Larger is better (fairness): the column shows the worst iteration too.
+    var prefersLarger = false
 
     var unit: String {
         switch scaling {
-        case .timePerOperation: return "ns"
+        case .timePerOperation, .picosecondsPerOperation: return "ns"
         case .countPerOperation, .unscaled: return "#"
         case .operationsPerSecond: return "ops/s"
+        case .thousandths: return "fraction"
         }
     }
 
@@ -93,18 +115,28 @@ struct MetricKind {
         MetricKind(name: "cpuSystem", jmhKey: "Time (system CPU)", scaling: .timePerOperation),
         MetricKind(name: "throughput", jmhKey: nil, scaling: .operationsPerSecond),
         MetricKind(name: "instructions", jmhKey: "Instructions", scaling: .countPerOperation),
-        MetricKind(name: "mallocCountTotal", jmhKey: "Malloc (total)", scaling: .countPerOperation),
+        MetricKind(name: "mallocCountTotal", jmhKey: "Malloc (total)", scaling: .countPerOperation, column: "mallocs/op"),
         MetricKind(name: "mallocCountSmall", jmhKey: "Malloc (small)", scaling: .countPerOperation),
         MetricKind(name: "mallocCountLarge", jmhKey: "Malloc (large)", scaling: .countPerOperation),
         MetricKind(name: "freeCountTotal", jmhKey: "Free (total)", scaling: .countPerOperation),
-        MetricKind(name: "mallocBytesCount", jmhKey: "Malloc (bytes total)", scaling: .countPerOperation),
+        MetricKind(name: "mallocBytesCount", jmhKey: "Malloc (bytes total)", scaling: .countPerOperation, column: "bytes/op"),
         MetricKind(name: "retainCount", jmhKey: "Retains", scaling: .countPerOperation),
         MetricKind(name: "releaseCount", jmhKey: "Releases", scaling: .countPerOperation),
         MetricKind(name: "syscalls", jmhKey: "Syscalls (total)", scaling: .countPerOperation),
         MetricKind(name: "contextSwitches", jmhKey: "Context switches", scaling: .unscaled),
         MetricKind(name: "threads", jmhKey: "Threads (peak)", scaling: .unscaled),
         MetricKind(name: "peakMemoryResident", jmhKey: "Memory (resident peak)", scaling: .unscaled),
+        // BenchSupport's ReportedMetrics.swift: custom metrics, by the same names.
+        MetricKind(
+            name: "timePerOperation", jmhKey: "timePerOperation", scaling: .picosecondsPerOperation,
+            isDeclaredOnly: true),
+        MetricKind(
+            name: "fairness", jmhKey: "fairness", scaling: .thousandths, isDeclaredOnly: true,
+            column: "fairness (worst)", prefersLarger: true),
     ]
+
+    /// The metric whose values stand for the wall clock in rows that declare it.
+    static let timePerOperationName = "timePerOperation"
 
     static func named(_ name: String) -> MetricKind? {
         known.first { $0.name == name }
@@ -133,6 +165,9 @@ struct RowName {
     let implementation: String
     let isReference: Bool
     let operationsPerIteration: Double
+    /// The metrics the row declares in its "columns" tag (BenchSupport's
+    /// ReportedMetrics.swift), e.g. ["timePerOperation", "fairness"].
+    let columns: [String]
 
     var isSpindle: Bool {
         implementation == "Spindle" || implementation.hasPrefix("Spindle.")
@@ -170,6 +205,14 @@ struct RowName {
                 "benchmark '\(shown)' in \(target): no '(ops: N)' tag; register benchmarks with BenchSupport's sideBySide")
         }
         operationsPerIteration = ops
+        columns = tags["columns"].map { $0.components(separatedBy: "+") } ?? []
+        for column in columns {
+            guard let kind = MetricKind.named(column),
+                  kind.column != nil || column == MetricKind.timePerOperationName
+            else {
+                throw ReportError("benchmark '\(shown)' in \(target): unknown column '\(column)' in its 'columns' tag")
+            }
+        }
 
         isReference = name.hasSuffix(" [ref]")
         if isReference {
@@ -187,6 +230,14 @@ struct RowName {
 
 // MARK: - Rows
 
+/// The median, min and max of one metric of one row, per operation, in the
+/// metric's unit (ns for times).
+struct Values {
+    let median: Double
+    let min: Double
+    let max: Double
+}
+
 struct Row {
     let name: RowName
     let metric: MetricKind
@@ -195,10 +246,34 @@ struct Row {
     let min: Double
     let max: Double
     var ratio: Double = .nan
+    /// The extra columns the row declares, in MetricKind.known's order.
+    var columns: [(kind: MetricKind, values: Values)] = []
 }
 
 func makeRow(_ element: JMHElement, metric: MetricKind) throws -> Row {
     let name = try RowName(jmhBenchmark: element.benchmark)
+    var row = try readMetric(element, name: name, metric: metric)
+    for kind in MetricKind.known
+    where kind.column != nil && kind.name != metric.name && name.columns.contains(kind.name) {
+        let values = try readMetric(element, name: name, metric: kind)
+        row.columns.append((kind, Values(median: values.median, min: values.min, max: values.max)))
+    }
+    return row
+}
+
+/// One metric of one benchmark as a row (without ratio or extra columns).
+func readMetric(_ element: JMHElement, name: RowName, metric requested: MetricKind) throws -> Row {
+    // A row that measures its own time per operation shows it as its time
+    // (and its throughput as the inverse).
+    var metric = requested
+    var inverted = false
+    if name.columns.contains(MetricKind.timePerOperationName),
+       requested.name == "wallClock" || requested.name == "throughput",
+       let own = MetricKind.named(MetricKind.timePerOperationName)
+    {
+        inverted = requested.name == "throughput"
+        metric = own
+    }
     let source: JMHMetric
     if let key = metric.jmhKey {
         guard let found = element.secondaryMetrics?[key] else {
@@ -227,11 +302,26 @@ func makeRow(_ element: JMHElement, metric: MetricKind) throws -> Row {
             return value * name.operationsPerIteration
         case .unscaled:
             return value
+        case .picosecondsPerOperation:
+            return value / 1_000
+        case .thousandths:
+            return value / 1_000
         }
+    }
+    if inverted {
+        // Operations per second from ns per operation: the slowest
+        // iteration gives the least throughput.
+        return Row(
+            name: name,
+            metric: requested,
+            median: 1e9 / (try percentile("50.0")),
+            min: 1e9 / (try percentile("100.0")),
+            max: 1e9 / (try percentile("0.0"))
+        )
     }
     return Row(
         name: name,
-        metric: metric,
+        metric: requested,
         median: try percentile("50.0"),
         min: try percentile("0.0"),
         max: try percentile("100.0")
@@ -301,6 +391,20 @@ func padded(_ text: String, _ width: Int, right: Bool = true) -> String {
     return right ? gap + text : text + gap
 }
 
+/// The text of an extra column's cell: the median, and for a metric where
+/// larger is better the worst iteration in parentheses.
+func columnCell(_ kind: MetricKind, _ values: Values) -> String {
+    kind.prefersLarger
+        ? "\(formatted(values.median)) (\(formatted(values.min)))"
+        : formatted(values.median)
+}
+
+/// The extra columns of a group: those any of its rows declares, in
+/// MetricKind.known's order.
+func extraColumns(of rows: [Row]) -> [MetricKind] {
+    MetricKind.known.filter { kind in rows.contains { $0.columns.contains { $0.kind.name == kind.name } } }
+}
+
 func printTable(_ groups: [(group: String, rows: [Row])], metric: MetricKind) {
     let header = ["median", "min", "max", "unit", "ratio"]
     var cells: [[String]] = []
@@ -309,7 +413,8 @@ func printTable(_ groups: [(group: String, rows: [Row])], metric: MetricKind) {
         for row in rows {
             cells.append([
                 formatted(row.median / unit.divisor), formatted(row.min / unit.divisor),
-                formatted(row.max / unit.divisor), unit.name, String(format: "%.2f", row.ratio),
+                formatted(row.max / unit.divisor), unit.name,
+                row.ratio.isFinite ? String(format: "%.2f", row.ratio) : "-",
             ])
         }
     }
@@ -331,6 +436,24 @@ func printTable(_ groups: [(group: String, rows: [Row])], metric: MetricKind) {
         return text
     }
 
+    // Extra columns (BenchSupport's reported metrics), only in the groups
+    // that have them: one width per metric across the table.
+    var extraWidths: [String: Int] = [:]
+    for (_, rows) in groups {
+        for kind in extraColumns(of: rows) {
+            var width = Swift.max(extraWidths[kind.name] ?? 0, kind.column!.count)
+            for row in rows {
+                if let values = row.columns.first(where: { $0.kind.name == kind.name })?.values {
+                    width = Swift.max(width, columnCell(kind, values).count)
+                }
+            }
+            extraWidths[kind.name] = width
+        }
+    }
+    func extras(_ kinds: [MetricKind], _ cell: (MetricKind) -> String) -> String {
+        kinds.map { "  " + padded(cell($0), extraWidths[$0.name]!) }.joined()
+    }
+
     switch metric.scaling {
     case .timePerOperation, .countPerOperation:
         print("\(metric.name) per operation; ratio = median / the reference peer's median (below 1: better)")
@@ -338,13 +461,34 @@ func printTable(_ groups: [(group: String, rows: [Row])], metric: MetricKind) {
         print("\(metric.name) in operations per second; ratio = median / the reference peer's median (above 1: better)")
     case .unscaled:
         print("\(metric.name) per measured iteration; ratio = median / the reference peer's median (below 1: better)")
+    case .picosecondsPerOperation:
+        print("\(metric.name) in ns; ratio = median / the reference peer's median (below 1: better)")
+    case .thousandths:
+        print("\(metric.name) per measured iteration; ratio = median / the reference peer's median (above 1: better)")
+    }
+    let allExtras = extraColumns(of: groups.flatMap(\.rows))
+    if allExtras.contains(where: { $0.name == "fairness" }) {
+        print("fairness = fewest / most operations of one thread in a measured iteration (1: equal shares);"
+            + " median, worst iteration in parentheses")
+    }
+    if allExtras.contains(where: { $0.name == "mallocCountTotal" || $0.name == "mallocBytesCount" }) {
+        print("mallocs/op, bytes/op = allocations and bytes requested from malloc per operation"
+            + " (package-benchmark's count; malloc's header and rounding not included, except"
+            + " that aligned allocations such as UnsafeMutablePointer.allocate count malloc's usable size)")
+    }
+    if groups.contains(where: { $0.rows.contains { $0.name.columns.contains(MetricKind.timePerOperationName) } }) {
+        print("groups with fairness run each iteration for a fixed time; their time is that time"
+            + " over the operations all threads completed")
     }
     var index = 0
     for (group, rows) in groups {
+        let kinds = extraColumns(of: rows)
         print("")
-        print(line(group, header))
-        for _ in rows {
-            print(line(labels[index], cells[index]))
+        print(line(group, header) + extras(kinds) { $0.column! })
+        for row in rows {
+            print(line(labels[index], cells[index]) + extras(kinds) { kind in
+                row.columns.first(where: { $0.kind.name == kind.name }).map { columnCell(kind, $0.values) } ?? "-"
+            })
             index += 1
         }
     }
@@ -361,6 +505,9 @@ struct Record: Encodable {
     let max: Double
     let ratio: Double
     let reference: Bool
+    /// The medians of the row's extra columns by metric name; absent when
+    /// it has none.
+    let columns: [String: Double]?
 }
 
 func writeJSON(_ groups: [(group: String, rows: [Row])], to path: String) throws {
@@ -371,7 +518,10 @@ func writeJSON(_ groups: [(group: String, rows: [Row])], to path: String) throws
                 group: row.name.group, implementation: row.name.implementation, target: row.name.target,
                 metric: row.metric.name, unit: row.metric.unit,
                 median: rounded(row.median), min: rounded(row.min), max: rounded(row.max),
-                ratio: rounded(row.ratio), reference: row.name.isReference
+                ratio: rounded(row.ratio), reference: row.name.isReference,
+                columns: row.columns.isEmpty
+                    ? nil
+                    : Dictionary(uniqueKeysWithValues: row.columns.map { ($0.kind.name, rounded($0.values.median)) })
             )
         }
     }
@@ -454,7 +604,14 @@ func run(_ arguments: [String]) throws {
         } catch {
             throw ReportError("\(file) is not a JMH export of package-benchmark: \(error)")
         }
-        rows += try elements.map { try makeRow($0, metric: metric) }
+        for element in elements {
+            if metric.isDeclaredOnly {
+                // Another row's values stand in a row that does not measure it.
+                let name = try RowName(jmhBenchmark: element.benchmark)
+                guard name.columns.contains(metric.name) else { continue }
+            }
+            rows.append(try makeRow(element, metric: metric))
+        }
     }
     guard !rows.isEmpty else {
         throw ReportError("no benchmark results in \(inputs.joined(separator: ", ")) (did the filter match nothing?)")

@@ -28,6 +28,15 @@ import Benchmark
 //   iteration performs (the scaling factor), so that BenchReport can report the
 //   time of one operation: "atomic.add.32 relaxed/Spindle (ops: 1000)". Do not
 //   add tags of your own; put a parameter in the group name instead.
+// - A group that reports more than its time (see ReportedMetrics.swift) gets a
+//   second tag, "columns", naming those metrics joined by "+":
+//   "lock.contended 2 threads/Spindle (columns: timePerOperation+fairness, ops: 1)".
+//   BenchReport prints them as extra columns of that group only (fairness,
+//   allocations and bytes per operation), or, for `timePerOperation`, takes
+//   the row's time from it: a benchmark whose iteration runs for a fixed time
+//   rather than a fixed number of operations measures its own time per
+//   operation. Only rows that declare a metric show it, because the JMH export
+//   lends a row that does not measure a metric another row's values.
 //
 // Every implementation of a group runs with the same configuration. A body is
 // the measured iteration: it does `benchmark.scaledIterations.count`
@@ -91,19 +100,25 @@ public struct RunSettings {
     /// e.g. `.mallocCountTotal` to count allocations. CPU time is read from
     /// /proc in scheduler ticks (10 ms) on Linux: useless below that.
     public var extraMetrics: [BenchmarkMetric]
+    /// Metrics that BenchReport shows for this group beside (or, for
+    /// `.timePerOperation`, instead of) the measured time; see
+    /// ReportedMetrics.swift. Empty for most groups.
+    public var reportedMetrics: [ReportedMetric]
 
     public init(
         scalingFactor: BenchmarkScalingFactor = .kilo,
         maxDuration: Duration = .milliseconds(400),
         maxIterations: Int = 100_000,
         warmupIterations: Int = 50,
-        extraMetrics: [BenchmarkMetric] = []
+        extraMetrics: [BenchmarkMetric] = [],
+        reportedMetrics: [ReportedMetric] = []
     ) {
         self.scalingFactor = scalingFactor
         self.maxDuration = maxDuration
         self.maxIterations = maxIterations
         self.warmupIterations = warmupIterations
         self.extraMetrics = extraMetrics
+        self.reportedMetrics = reportedMetrics
     }
 
     /// Tuned for single operations of one to a few tens of nanoseconds:
@@ -112,12 +127,16 @@ public struct RunSettings {
 
     var configuration: Benchmark.Configuration {
         var metrics: [BenchmarkMetric] = [.wallClock, .throughput]
-        for metric in extraMetrics where !metrics.contains(metric) {
+        for metric in extraMetrics + reportedMetrics.map(\.metric) where !metrics.contains(metric) {
             metrics.append(metric)
+        }
+        var tags = [operationsTag: String(scalingFactor.rawValue)]
+        if !reportedMetrics.isEmpty {
+            tags[columnsTag] = reportedMetrics.map(\.name).joined(separator: columnsSeparator)
         }
         return Benchmark.Configuration(
             metrics: metrics,
-            tags: [operationsTag: String(scalingFactor.rawValue)],
+            tags: tags,
             timeUnits: .automatic,
             warmupIterations: warmupIterations,
             scalingFactor: scalingFactor,

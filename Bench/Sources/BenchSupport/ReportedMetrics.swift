@@ -1,0 +1,99 @@
+import Benchmark
+
+// Metrics a group reports besides its time
+// ========================================
+//
+// Most groups report only the time of one operation. A few need more, and
+// declare it in their RunSettings (`reportedMetrics`); sideBySide then names
+// the metrics in a "columns" tag (see SideBySide.swift) so that BenchReport
+// knows which rows really measured them. BenchReport knows each one by the
+// `name` below; the two files must agree.
+//
+// - `timePerOperation`: for benchmarks whose measured iteration runs for a
+//   fixed *time* (the contended lock groups: every thread works until a shared
+//   flag says stop, so that a thread's share of the work is not fixed in
+//   advance). The iteration cannot say beforehand how many operations it will
+//   do, so package-benchmark's wall clock divided by the "ops" tag would not be
+//   the time of one operation; the benchmark measures it itself, as the
+//   iteration's elapsed time over the operations all threads completed, in
+//   picoseconds (so that an integer keeps three decimals of a nanosecond).
+//   BenchReport shows it in place of the wall clock, with the same median, min
+//   and max over iterations, and the same ratio: below 1 means more
+//   operations per second than the reference.
+// - `fairness`: the fewest operations any thread completed in the iteration
+//   divided by the most, in thousandths (1000: all threads got equal shares;
+//   0: some thread got nothing). BenchReport shows the median over iterations
+//   and, in parentheses, the worst iteration.
+// - `mallocCount`, `mallocBytes`: package-benchmark's own malloc counters
+//   (through the malloc interposer), per operation: allocations, and bytes
+//   requested from malloc (malloc's own header and rounding come on top).
+//   The interposer bills an aligned allocation (posix_memalign, which Swift's
+//   UnsafeMutablePointer.allocate uses) at malloc's usable size instead, so a
+//   40-byte pthread_mutex_t allocated that way counts 40 to 56 bytes.
+
+/// A metric that a group measures and BenchReport prints for it.
+public struct ReportedMetric {
+    /// The name BenchReport knows the metric by, as it appears in the
+    /// "columns" tag. No "_", "+", "," or ":".
+    public let name: String
+    /// What package-benchmark records.
+    public let metric: BenchmarkMetric
+
+    public init(name: String, metric: BenchmarkMetric) {
+        precondition(
+            !name.isEmpty && !name.contains(where: { "_+,: ()".contains($0) }),
+            "reported metric '\(name)': the name may not contain '_', '+', ',', ':', ' ' or parentheses")
+        self.name = name
+        self.metric = metric
+    }
+
+    /// Time per operation measured by the benchmark itself, in picoseconds;
+    /// see `Benchmark.recordTimePerOperation(elapsed:operations:)`.
+    public static var timePerOperation: ReportedMetric {
+        ReportedMetric(
+            name: "timePerOperation",
+            metric: .custom("timePerOperation", polarity: .prefersSmaller, useScalingFactor: false))
+    }
+
+    /// Fewest over most operations per thread, in thousandths; see
+    /// `Benchmark.recordFairness(operationsPerThread:)`.
+    public static var fairness: ReportedMetric {
+        ReportedMetric(name: "fairness", metric: .custom("fairness", polarity: .prefersLarger, useScalingFactor: false))
+    }
+
+    /// Allocations per operation, counted by package-benchmark.
+    public static var mallocCount: ReportedMetric {
+        ReportedMetric(name: "mallocCountTotal", metric: .mallocCountTotal)
+    }
+
+    /// Bytes requested from malloc per operation, counted by package-benchmark.
+    public static var mallocBytes: ReportedMetric {
+        ReportedMetric(name: "mallocBytesCount", metric: .mallocBytesCount)
+    }
+}
+
+/// The tag that names a group's reported metrics, and what joins the names.
+let columnsTag = "columns"
+let columnsSeparator = "+"
+
+extension Benchmark {
+    /// Records the time of one operation for an iteration that did
+    /// `operations` operations in `elapsed`: the `timePerOperation` metric,
+    /// in picoseconds. Does nothing during warm-up iterations.
+    public func recordTimePerOperation(elapsed: Duration, operations: Int) {
+        precondition(operations > 0, "recordTimePerOperation: an iteration with no operation has no time per operation")
+        let (seconds, attoseconds) = elapsed.components
+        let picoseconds = Double(seconds) * 1e12 + Double(attoseconds) / 1e6
+        measurement(ReportedMetric.timePerOperation.metric, Int((picoseconds / Double(operations)).rounded()))
+    }
+
+    /// Records how evenly the threads of one iteration shared the work: the
+    /// `fairness` metric, fewest over most operations per thread, in
+    /// thousandths. Does nothing during warm-up iterations.
+    public func recordFairness(operationsPerThread: [Int]) {
+        guard let most = operationsPerThread.max(), let fewest = operationsPerThread.min(), most > 0 else {
+            preconditionFailure("recordFairness: no thread did any operation")
+        }
+        measurement(ReportedMetric.fairness.metric, fewest * 1000 / most)
+    }
+}
