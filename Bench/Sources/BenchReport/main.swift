@@ -243,6 +243,9 @@ struct Row {
     let metric: MetricKind
     /// Per operation, in the metric's unit (ns for times).
     let median: Double
+    /// The 99th percentile: the slow tail (for throughput, the 99th
+    /// percentile of the time turned into a rate).
+    let p99: Double
     let min: Double
     let max: Double
     var ratio: Double = .nan
@@ -315,6 +318,7 @@ func readMetric(_ element: JMHElement, name: RowName, metric requested: MetricKi
             name: name,
             metric: requested,
             median: 1e9 / (try percentile("50.0")),
+            p99: 1e9 / (try percentile("99.0")),
             min: 1e9 / (try percentile("100.0")),
             max: 1e9 / (try percentile("0.0"))
         )
@@ -323,6 +327,7 @@ func readMetric(_ element: JMHElement, name: RowName, metric requested: MetricKi
         name: name,
         metric: requested,
         median: try percentile("50.0"),
+        p99: try percentile("99.0"),
         min: try percentile("0.0"),
         max: try percentile("100.0")
     )
@@ -406,13 +411,13 @@ func extraColumns(of rows: [Row]) -> [MetricKind] {
 }
 
 func printTable(_ groups: [(group: String, rows: [Row])], metric: MetricKind) {
-    let header = ["median", "min", "max", "unit", "ratio"]
+    let header = ["median", "p99", "min", "max", "unit", "ratio"]
     var cells: [[String]] = []
     for (_, rows) in groups {
         let unit = displayUnit(for: rows)
         for row in rows {
             cells.append([
-                formatted(row.median / unit.divisor), formatted(row.min / unit.divisor),
+                formatted(row.median / unit.divisor), formatted(row.p99 / unit.divisor), formatted(row.min / unit.divisor),
                 formatted(row.max / unit.divisor), unit.name,
                 row.ratio.isFinite ? String(format: "%.2f", row.ratio) : "-",
             ])
@@ -501,6 +506,7 @@ struct Record: Encodable {
     let metric: String
     let unit: String
     let median: Double
+    let p99: Double
     let min: Double
     let max: Double
     let ratio: Double
@@ -517,7 +523,7 @@ func writeJSON(_ groups: [(group: String, rows: [Row])], to path: String) throws
             Record(
                 group: row.name.group, implementation: row.name.implementation, target: row.name.target,
                 metric: row.metric.name, unit: row.metric.unit,
-                median: rounded(row.median), min: rounded(row.min), max: rounded(row.max),
+                median: rounded(row.median), p99: rounded(row.p99), min: rounded(row.min), max: rounded(row.max),
                 ratio: rounded(row.ratio), reference: row.name.isReference,
                 columns: row.columns.isEmpty
                     ? nil
