@@ -267,6 +267,7 @@ let benchmarks: @Sendable () -> Void = {
         timerProbe("DispatchSourceTimer", dispatchTimerProbe).measure(benchmark)
     })
     sideBySide(group: "loop.timer.lateness 1ms", settings: latenessSettings, implementations: lateness)
+    addRemoveBenchmarks()
 }
 
 extension Duration {
@@ -274,4 +275,33 @@ extension Duration {
         let (seconds, attoseconds) = components
         return seconds * 1_000_000_000 + attoseconds / 1_000_000_000
     }
+}
+
+/// Adding and removing a source and a timer, on the loop's own thread.
+let addRemoveBenchmarks: @Sendable () -> Void = {
+    let settings = RunSettings(scalingFactor: .kilo, maxDuration: .seconds(1), maxIterations: 200, warmupIterations: 5,
+                               extraMetrics: [], reportedMetrics: [.mallocCount])
+    let loop = ThreadLoop.current
+    sideBySide(
+        group: "loop.add-remove source and timer", settings: settings,
+        spindle: { benchmark in
+            for _ in benchmark.scaledIterations {
+                let source = LoopSource { _ in }
+                loop.add(source, forMode: .default)
+                let timer = LoopTimer(after: .seconds(60)) { _ in }
+                loop.add(timer, forMode: .default)
+                loop.remove(source, forMode: .default)
+                timer.invalidate()
+            }
+        },
+        peers: [
+            .reference("Foundation.RunLoop timer") { benchmark in
+                let runLoop = RunLoop.current
+                for _ in benchmark.scaledIterations {
+                    let timer = Timer(timeInterval: 60, repeats: false) { _ in }
+                    runLoop.add(timer, forMode: .default)
+                    timer.invalidate()
+                }
+            },
+        ])
 }

@@ -89,9 +89,14 @@ public final class URingEventBackend: EventBackend, @unchecked Sendable {
                 wakeState.leaveSleep()
                 return collectWithoutWaiting(events: &events)
             }
-            // Nothing to watch in the kernel: sleep on the wake word.
+            // Nothing to watch in the kernel: sleep on the wake word, until
+            // shortly before the deadline, and spin the rest to end on time.
             if armed.isEmpty && !hasQueuedSubmissions {
-                if wakeState.sleepOnFutex(until: deadline) { return true }
+                if wakeState.sleepOnFutex(until: LoopWakeState.sleepDeadline(for: deadline)) { return true }
+                if let deadline, wakeState.spinForWake(until: deadline, atMost: LoopWakeState.wakeLead * 2) {
+                    wakeState.leaveSleep()
+                    return true
+                }
                 timeout = 0  // timed out: still collect anything ready below
             }
         }

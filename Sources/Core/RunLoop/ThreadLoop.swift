@@ -62,6 +62,17 @@ public final class ThreadLoop: @unchecked Sendable {
         var timers: [LoopTimer] = []
         var observers: [LoopObserver] = []
         var isEmpty: Bool { sources.isEmpty && timers.isEmpty }
+
+        /// Inserts keeping `order` (stable: equal orders stay in the order added).
+        mutating func insert(_ source: LoopSource) {
+            let i = sources.firstIndex { $0.order > source.order } ?? sources.endIndex
+            sources.insert(source, at: i)
+        }
+
+        mutating func insert(_ observer: LoopObserver) {
+            let i = observers.firstIndex { $0.order > observer.order } ?? observers.endIndex
+            observers.insert(observer, at: i)
+        }
     }
 
     struct DescriptorState {
@@ -163,11 +174,10 @@ public final class ThreadLoop: @unchecked Sendable {
                 if !common.sources.contains(where: { $0 === source }) { common.sources.append(source) }
             }
             for m in expand(mode) {
-                var items = modes[m, default: ModeItems()]
-                guard !items.sources.contains(where: { $0 === source }) else { continue }
-                items.sources.append(source)
-                items.sources.sort { $0.order < $1.order }
-                modes[m] = items
+                // Mutated in place through the subscript: copying the items
+                // out and back would copy their arrays on every add.
+                guard !(modes[m]?.sources.contains { $0 === source } ?? false) else { continue }
+                modes[m, default: ModeItems()].insert(source)
                 joined.append(m)
             }
             if case .descriptor(let fd, let interest) = source.kind, descriptorTokens[ObjectIdentifier(source)] == nil {
@@ -196,9 +206,8 @@ public final class ThreadLoop: @unchecked Sendable {
         lock.withLock {
             if mode == .common { common.sources.removeAll { $0 === source } }
             for m in expand(mode) {
-                guard var items = modes[m], let i = items.sources.firstIndex(where: { $0 === source }) else { continue }
-                items.sources.remove(at: i)
-                modes[m] = items
+                guard let i = modes[m]?.sources.firstIndex(where: { $0 === source }) else { continue }
+                modes[m]!.sources.remove(at: i)
                 left.append(m)
             }
             forgetDescriptorIfUnused(source)
@@ -213,10 +222,9 @@ public final class ThreadLoop: @unchecked Sendable {
         var left: [LoopMode] = []
         lock.withLock {
             common.sources.removeAll { $0 === source }
-            for (m, var items) in modes {
-                guard let i = items.sources.firstIndex(where: { $0 === source }) else { continue }
-                items.sources.remove(at: i)
-                modes[m] = items
+            for m in modes.keys {
+                guard let i = modes[m]?.sources.firstIndex(where: { $0 === source }) else { continue }
+                modes[m]!.sources.remove(at: i)
                 left.append(m)
             }
             forgetDescriptorIfUnused(source)
@@ -265,10 +273,8 @@ public final class ThreadLoop: @unchecked Sendable {
         guard timer.isValid else { return }
         lock.withLock {
             if mode == .common, !common.timers.contains(where: { $0 === timer }) { common.timers.append(timer) }
-            for m in expand(mode) {
-                var items = modes[m, default: ModeItems()]
-                if !items.timers.contains(where: { $0 === timer }) { items.timers.append(timer) }
-                modes[m] = items
+            for m in expand(mode) where !(modes[m]?.timers.contains { $0 === timer } ?? false) {
+                modes[m, default: ModeItems()].timers.append(timer)
             }
         }
         if !isCurrent { wakeUp() }
@@ -299,12 +305,8 @@ public final class ThreadLoop: @unchecked Sendable {
         guard observer.isValid else { return }
         lock.withLock {
             if mode == .common, !common.observers.contains(where: { $0 === observer }) { common.observers.append(observer) }
-            for m in expand(mode) {
-                var items = modes[m, default: ModeItems()]
-                guard !items.observers.contains(where: { $0 === observer }) else { continue }
-                items.observers.append(observer)
-                items.observers.sort { $0.order < $1.order }
-                modes[m] = items
+            for m in expand(mode) where !(modes[m]?.observers.contains { $0 === observer } ?? false) {
+                modes[m, default: ModeItems()].insert(observer)
             }
         }
     }
@@ -440,10 +442,9 @@ public final class ThreadLoop: @unchecked Sendable {
 
     private func notify(_ activity: LoopActivity, _ mode: LoopMode) {
         let observers: [LoopObserver] = lock.withLock {
-            guard var items = modes[mode], !items.observers.isEmpty else { return [] }
-            items.observers.removeAll { !$0.isValid }
-            modes[mode] = items
-            return items.observers.filter { $0.activities.contains(activity) }
+            guard modes[mode]?.observers.isEmpty == false else { return [] }
+            modes[mode]!.observers.removeAll { !$0.isValid }
+            return modes[mode]!.observers.filter { $0.activities.contains(activity) }
         }
         for o in observers where o.isValid {
             if !o.repeats { o.invalidate() }
