@@ -29,10 +29,10 @@ struct EventBackendTests {
         // The pending wake makes the next wait return at once.
         #expect(backend.wait(until: .distantFuture, events: &events))
         // Asleep: a wake from another thread costs one syscall.
-        let box = BackendBox(backend)
+        let box = Unchecked(backend)
         let join = startThread {
             usleep(30_000)
-            box.backend.wake()
+            box.value.wake()
         }
         #expect(backend.wait(until: .now.advanced(by: .seconds(30)), events: &events))
         join()
@@ -93,11 +93,6 @@ struct EventBackendTests {
     }
 }
 
-private struct BackendBox: @unchecked Sendable {
-    // @unchecked: wake() is the backend's thread-safe entry point.
-    let backend: any EventBackend
-    init(_ b: any EventBackend) { backend = b }
-}
 
 @Suite("ThreadLoop memory")
 struct ThreadLoopMemoryTests {

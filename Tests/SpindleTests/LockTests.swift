@@ -274,9 +274,9 @@ struct SynchronizedTests {
     @Test func sameObjectExcludes() {
         let token = Token()
         let value = Guarded()
-        let tokenBox = SharedObject(token)
+        let tokenBox = Unchecked(token)
         runThreads(4) { _ in
-            for _ in 0..<10_000 { synchronized(tokenBox.object) { value.value += 1 } }
+            for _ in 0..<10_000 { synchronized(tokenBox.value) { value.value += 1 } }
         }
         #expect(value.value == 40_000)
     }
@@ -287,19 +287,13 @@ struct SynchronizedTests {
         let n = synchronized(token) { synchronized(token) { 7 } }
         #expect(n == 7)
         #expect(throws: Boom.self) { try synchronized(token) { throw Boom() } }
-        let box = SharedObject(token)
+        let box = Unchecked(token)
         let join = startThread {
             // Would hang if the throw had left the stripe locked.
-            synchronized(box.object) {}
+            synchronized(box.value) {}
         }
         join()
         #expect(synchronizedStripes >= 64)
     }
 }
 
-/// A class reference shared with test threads.
-struct SharedObject: @unchecked Sendable {
-    // @unchecked: tests only use the object's identity.
-    let object: AnyObject
-    init(_ object: AnyObject) { self.object = object }
-}

@@ -75,8 +75,8 @@ struct ThreadLoopTimerTests {
             var fired = 0
             let timer = LoopTimer(after: .milliseconds(50)) { _ in fired += 1 }
             loop.add(timer, forMode: .default)
-            let box = SendableTimer(timer)
-            let join = startThread { box.timer.invalidate() }
+            let box = Unchecked(timer)
+            let join = startThread { box.value.invalidate() }
             join()
             #expect(loop.run(mode: .default, timeout: .milliseconds(100)) == .finished, "nothing left once invalidated")
             #expect(fired == 0)
@@ -96,17 +96,7 @@ struct ThreadLoopTimerTests {
     }
 }
 
-private struct SendableTimer: @unchecked Sendable {
-    // @unchecked: LoopTimer is thread-safe; the box only crosses threads.
-    let timer: LoopTimer
-    init(_ t: LoopTimer) { timer = t }
-}
 
-private struct SendableLoop: @unchecked Sendable {
-    // @unchecked: ThreadLoop's cross-thread API is thread-safe.
-    let loop: ThreadLoop
-    init(_ l: ThreadLoop) { loop = l }
-}
 
 @Suite("ThreadLoop: performs")
 struct ThreadLoopPerformTests {
@@ -117,10 +107,10 @@ struct ThreadLoopPerformTests {
             let keep = LoopSource { _ in }
             loop.add(keep)
             let log = EventLog()
-            let target = SendableLoop(loop)
+            let target = Unchecked(loop)
             let join = startThread {
                 usleep(20_000)
-                target.loop.perform { log.append("performed"); target.loop.stop() }
+                target.value.perform { log.append("performed"); target.value.stop() }
             }
             let start = MonotonicClock.now
             #expect(loop.run(mode: .default, timeout: .seconds(30)) == .stopped)
@@ -138,10 +128,10 @@ struct ThreadLoopPerformTests {
         onLoopThread(kind) { loop in
             let keep = LoopSource { _ in }
             loop.add(keep)
-            let target = SendableLoop(loop)
+            let target = Unchecked(loop)
             let join = startThread {
                 usleep(10_000)
-                target.loop.perform {}
+                target.value.perform {}
             }
             let start = MonotonicClock.now
             #expect(loop.run(mode: .default, timeout: .seconds(30), returnAfterSourceHandled: true) == .handledSource)
@@ -155,14 +145,14 @@ struct ThreadLoopPerformTests {
     func performWaitUntilDoneAndModes(kind: EventBackendKind) {
         let log = EventLog()
         let loopReady = EventLog()
-        let box = UnsafeMutablePointer<SendableLoop?>.allocate(capacity: 1)
+        let box = UnsafeMutablePointer<Unchecked<ThreadLoop>?>.allocate(capacity: 1)
         box.initialize(to: nil)
         defer { box.deallocate() }
         let boxed = SharedPointer(box)
         let stopFlag = Lock()
         let worker = startThread {
             let loop = try! ThreadLoop.current(backend: kind)
-            stopFlag.withLock { boxed.pointer.pointee = SendableLoop(loop) }
+            stopFlag.withLock { boxed.pointer.pointee = Unchecked(loop) }
             loopReady.append("ready")
             let keep = LoopSource { _ in }
             loop.add(keep)
@@ -173,7 +163,7 @@ struct ThreadLoopPerformTests {
             keep.invalidate()
         }
         while loopReady.all.isEmpty { usleep(1_000) }
-        let loop = stopFlag.withLock { boxed.pointer.pointee! }.loop
+        let loop = stopFlag.withLock { boxed.pointer.pointee! }.value
         #expect(loop.perform(inModes: ["special"]) { log.append("special") })
         #expect(loop.perform(waitUntilDone: true) { log.append("waited") })
         #expect(log.all == ["waited"], "done before perform returned; the special one is held")
@@ -210,7 +200,7 @@ struct ThreadLoopPerformTests {
     @Test(arguments: availableBackends)
     func longJobPollsItsLoop(kind: EventBackendKind) {
         let started = EventLog()
-        let box = UnsafeMutablePointer<SendableLoop?>.allocate(capacity: 1)
+        let box = UnsafeMutablePointer<Unchecked<ThreadLoop>?>.allocate(capacity: 1)
         box.initialize(to: nil)
         defer { box.deallocate() }
         let boxed = SharedPointer(box)
@@ -222,7 +212,7 @@ struct ThreadLoopPerformTests {
             var exitNow = false
             let exitSource = LoopSource { _ in }  // keeps the mode non-empty
             loop.add(exitSource)
-            guardLock.withLock { boxed.pointer.pointee = SendableLoop(loop) }
+            guardLock.withLock { boxed.pointer.pointee = Unchecked(loop) }
             started.append("go")
             var work = 0
             while !exitNow && work < 1_000_000 {
@@ -234,7 +224,7 @@ struct ThreadLoopPerformTests {
             exitSource.invalidate()
         }
         while started.all.isEmpty { usleep(1_000) }
-        let loop = guardLock.withLock { boxed.pointer.pointee! }.loop
+        let loop = guardLock.withLock { boxed.pointer.pointee! }.value
         usleep(5_000)
         loop.perform { flag.set() }
         worker()
@@ -281,10 +271,10 @@ struct ThreadLoopMisuseTests {
     @Test func timerAddedToASecondLoop() async {
         let r = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
             let timer = LoopTimer(after: .seconds(1)) { _ in }
-            let t = SharedTimerBox(timer)
-            let join = startThread { ThreadLoop.current.add(t.timer, forMode: .default) }
+            let t = Unchecked(timer)
+            let join = startThread { ThreadLoop.current.add(t.value, forMode: .default) }
             join()
-            let join2 = startThread { ThreadLoop.current.add(t.timer, forMode: .default) }
+            let join2 = startThread { ThreadLoop.current.add(t.value, forMode: .default) }
             join2()
         }
         #expect(stderr(r).contains("this LoopTimer already belongs to another loop"))
@@ -299,8 +289,3 @@ struct ThreadLoopMisuseTests {
     }
 }
 
-struct SharedTimerBox: @unchecked Sendable {
-    // @unchecked: LoopTimer's API is thread-safe.
-    let timer: LoopTimer
-    init(_ t: LoopTimer) { timer = t }
-}

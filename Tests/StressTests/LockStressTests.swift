@@ -104,13 +104,13 @@ struct LockStressTests {
     @Test func synchronizedGrid() {
         final class Token {}
         let tokens = (0..<4).map { _ in Token() }
-        let boxes = tokens.map { SharedRef($0) }
+        let boxes = tokens.map { Unchecked($0) }
         let counters = (0..<4).map { _ in Protected() }
         runThreads(12) { t in
             let g = t % 4
             for _ in 0..<2_000 {
-                synchronized(boxes[g].object) {
-                    synchronized(boxes[g].object) { counters[g].value += 1 }
+                synchronized(boxes[g].value) {
+                    synchronized(boxes[g].value) { counters[g].value += 1 }
                 }
             }
         }
@@ -222,9 +222,3 @@ struct ReadWriteLockStressTests {
     }
 }
 
-/// A class reference shared with test threads.
-struct SharedRef: @unchecked Sendable {
-    // @unchecked: the stress tests only use the object's identity.
-    let object: AnyObject
-    init(_ object: AnyObject) { self.object = object }
-}

@@ -6,10 +6,6 @@ import TestSupport
 import Glibc
 #endif
 
-private struct LoopBox: @unchecked Sendable {
-    // @unchecked: only ThreadLoop's thread-safe API is used across threads.
-    let loop: ThreadLoop
-}
 
 /// Per-sender sequence numbers recorded by the loop thread only.
 private final class Received: @unchecked Sendable {
@@ -26,7 +22,7 @@ private func withRunningLoop(
     _ kind: EventBackendKind, _ body: @escaping @Sendable (ThreadLoop) -> Void
 ) {
     let ready = EventLog()
-    let slot = UnsafeMutablePointer<LoopBox?>.allocate(capacity: 1)
+    let slot = UnsafeMutablePointer<Unchecked<ThreadLoop>?>.allocate(capacity: 1)
     slot.initialize(to: nil)
     defer { slot.deallocate() }
     let shared = SharedPointer(slot)
@@ -35,13 +31,13 @@ private func withRunningLoop(
         let loop = try! ThreadLoop.current(backend: kind)
         let keep = LoopSource { _ in }
         loop.add(keep)
-        slotLock.withLock { shared.pointer.pointee = LoopBox(loop: loop) }
+        slotLock.withLock { shared.pointer.pointee = Unchecked(loop) }
         ready.append("ready")
         while loop.run(mode: .default, timeout: .seconds(60)) != .stopped {}
         keep.invalidate()
     }
     while ready.all.isEmpty { usleep(500) }
-    let loop = slotLock.withLock { shared.pointer.pointee! }.loop
+    let loop = slotLock.withLock { shared.pointer.pointee! }.value
     body(loop)
     loop.perform { loop.stop() }
     loopThread()
@@ -90,11 +86,11 @@ struct ThreadLoopStressTests {
                 loop.add(t, forMode: .default)
             }
             // Another thread invalidates every tenth timer at some point.
-            let victims = stride(from: 0, to: 1_000, by: 10).map { SharedTimer(timers[$0]) }
+            let victims = stride(from: 0, to: 1_000, by: 10).map { Unchecked(timers[$0]) }
             let killer = startThread {
                 for v in victims {
                     usleep(UInt32.random(in: 0..<400))
-                    v.timer.invalidate()
+                    v.value.invalidate()
                 }
             }
             while loop.run(mode: .default, timeout: .seconds(10)) != .finished {}
@@ -131,8 +127,3 @@ struct ThreadLoopStressTests {
     }
 }
 
-private struct SharedTimer: @unchecked Sendable {
-    // @unchecked: LoopTimer is thread-safe.
-    let timer: LoopTimer
-    init(_ t: LoopTimer) { timer = t }
-}

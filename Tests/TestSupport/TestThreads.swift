@@ -65,3 +65,13 @@ public struct SharedPointer<T>: @unchecked Sendable {
     public let pointer: UnsafeMutablePointer<T>
     public init(_ pointer: UnsafeMutablePointer<T>) { self.pointer = pointer }
 }
+
+/// A `Sendable` box for a reference that tests hand to other threads: a
+/// Spindle type whose cross-thread API is thread-safe (a loop, a timer, a
+/// backend), or an object used only for its identity.
+public struct Unchecked<Value>: @unchecked Sendable {
+    // @unchecked: tests only call the boxed value's thread-safe API, or use
+    // its identity.
+    public let value: Value
+    public init(_ value: Value) { self.value = value }
+}

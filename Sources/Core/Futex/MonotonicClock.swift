@@ -13,6 +13,7 @@ public struct MonotonicClock: Clock, Sendable {
         /// Nanoseconds since the clock's start.
         public var nanoseconds: Int64
 
+        /// The instant `nanoseconds` after the clock's start (boot).
         @inlinable
         public init(nanoseconds: Int64) {
             self.nanoseconds = nanoseconds

@@ -177,6 +177,9 @@ public struct ReadWriteLock: Locking, @unchecked Sendable {
     }
 
     // MARK: Locking (the write lock)
+    // `lock`/`unlock`/`tryLock`/`lock(before:)` are the write lock's
+    // `writeLock`/`writeUnlock`/`tryWriteLock`/`writeLock(before:)`: same
+    // blocking, ordering and misuse behaviour.
 
     @inlinable public func lock() { writeLock() }
     @inlinable public func unlock() { writeUnlock() }

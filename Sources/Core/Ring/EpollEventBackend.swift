@@ -71,21 +71,15 @@ public final class EpollEventBackend: EventBackend, @unchecked Sendable {
     public func wait(until deadline: MonotonicClock.Instant?, events: inout [ReadyEvent]) -> Bool {
         var timeout = timeoutNanoseconds(until: deadline)
         if timeout != 0 {
-            // Before any system call: a short spin catches a wake that is
-            // already on its way.
-            if wakeState.spinForWake(until: deadline) {
-                wakeState.leaveSleep()
-                return collectWithoutWaiting(events: &events)
-            }
-            // Nothing to watch in the kernel: sleep on the wake word, until
-            // shortly before the deadline, and spin the rest to end on time.
-            if armed.isEmpty {
-                if wakeState.sleepOnFutex(until: LoopWakeState.sleepDeadline(for: deadline)) { return true }
-                if let deadline, wakeState.spinForWake(until: deadline, atMost: LoopWakeState.wakeLead * 2) {
-                    wakeState.leaveSleep()
-                    return true
-                }
-                timeout = 0  // timed out: still collect anything ready below
+            switch wakeState.waitBeforeKernel(until: deadline, descriptorsArmed: !(armed.isEmpty)) {
+            case .woken:
+                // Do not delay descriptors that are ready too.
+                if !armed.isEmpty { _ = wait(until: MonotonicClock.Instant(nanoseconds: 0), events: &events) }
+                return true
+            case .timedOut:
+                timeout = 0  // still collect anything ready below
+            case .sleepInKernel:
+                break
             }
         }
         var woken = false
@@ -118,21 +112,9 @@ public final class EpollEventBackend: EventBackend, @unchecked Sendable {
         return woken
     }
 
-    /// A wake arrived during the spin: poll the kernel without sleeping so
-    /// ready descriptors are not delayed, and report the wake.
-    private func collectWithoutWaiting(events: inout [ReadyEvent]) -> Bool {
-        if !armedIsEmpty { _ = wait(until: MonotonicClock.Instant(nanoseconds: 0), events: &events) }
-        return true
-    }
-
     public func wake() {
-        if wakeState.requestWake() {
-            let rc = cshims_eventfd_signal(wakeFD)
-            if rc < 0 && rc != -EAGAIN { misuse("eventfd write failed: \(errnoDescription(-rc))") }
-        }
+        wakeState.wake(signalling: wakeFD)
     }
 
     public var statistics: EventBackendStatistics { wakeState.statistics }
-
-    private var armedIsEmpty: Bool { armed.isEmpty }
 }

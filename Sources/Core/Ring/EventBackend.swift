@@ -17,7 +17,9 @@ public enum EventBackendKind: String, Sendable, Hashable, CaseIterable {
 public struct Readiness: OptionSet, Sendable, Hashable {
     public let rawValue: UInt32
     public init(rawValue: UInt32) { self.rawValue = rawValue }
+    /// Data can be read (or a peer closed, or a listening socket has a connection).
     public static let readable = Readiness(rawValue: CSHIMS_EVENT_READABLE)
+    /// A write would not block.
     public static let writable = Readiness(rawValue: CSHIMS_EVENT_WRITABLE)
     /// Reported, never requested: an error condition on the descriptor.
     public static let error = Readiness(rawValue: CSHIMS_EVENT_ERROR)
@@ -27,7 +29,9 @@ public struct Readiness: OptionSet, Sendable, Hashable {
 
 /// A descriptor that became ready, with the token it was armed with.
 public struct ReadyEvent: Sendable, Hashable {
+    /// The token the descriptor was armed with.
     public var token: UInt64
+    /// What the kernel reported (may include `.error` and `.hangup`).
     public var readiness: Readiness
 }
 
@@ -227,6 +231,44 @@ final class LoopWakeState: @unchecked Sendable {
         default:
             return false
         }
+    }
+
+    /// How the part of a wait before any kernel call ended.
+    enum Prelude {
+        /// A wake arrived: the wait returns it (after polling descriptors).
+        case woken
+        /// The deadline passed while sleeping on the wake word: the wait
+        /// only polls the kernel for ready descriptors.
+        case timedOut
+        /// Descriptors are armed: the wait sleeps in the kernel.
+        case sleepInKernel
+    }
+
+    /// The part of every backend's wait that needs no kernel wait: a short
+    /// spin for a wake already on its way; then, if no descriptor is armed
+    /// (`descriptorsArmed` false), a sleep on the wake word that ends
+    /// `wakeLead` before `deadline`, and a spin for the rest. Call only with
+    /// a wait that may block (a non-zero timeout).
+    func waitBeforeKernel(until deadline: MonotonicClock.Instant?, descriptorsArmed: Bool) -> Prelude {
+        if spinForWake(until: deadline) {
+            leaveSleep()
+            return .woken
+        }
+        guard !descriptorsArmed else { return .sleepInKernel }
+        if sleepOnFutex(until: Self.sleepDeadline(for: deadline)) { return .woken }
+        if let deadline, spinForWake(until: deadline, atMost: Self.wakeLead * 2) {
+            leaveSleep()
+            return .woken
+        }
+        return .timedOut
+    }
+
+    /// A waker's side for a backend whose kernel waits watch `eventFD`:
+    /// signals it only when the loop sleeps in the kernel. Any thread.
+    func wake(signalling eventFD: Int32) {
+        guard requestWake() else { return }
+        let rc = cshims_eventfd_signal(eventFD)
+        if rc < 0 && rc != -EAGAIN { misuse("eventfd write failed: \(errnoDescription(-rc))") }
     }
 
     var statistics: EventBackendStatistics {

@@ -7,9 +7,12 @@
 /// common-modes set (initially just `.default`; see
 /// `ThreadLoop.addCommonMode(_:)`).
 public struct LoopMode: Hashable, Sendable, ExpressibleByStringLiteral, CustomStringConvertible {
+    /// The mode's name; two modes are the same mode when their names are equal.
     public let name: String
 
+    /// The mode named `name`.
     public init(_ name: String) { self.name = name }
+    /// The mode named by a string literal: `let tracking: LoopMode = "tracking"`.
     public init(stringLiteral name: String) { self.name = name }
 
     /// The mode most code runs in and adds its items to.

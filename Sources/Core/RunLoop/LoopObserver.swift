@@ -9,8 +9,11 @@
 public final class LoopObserver: @unchecked Sendable {
     // @unchecked: the handler is immutable; `isValid` is an atomic word.
 
+    /// The points of a pass at which the handler runs.
     public let activities: LoopActivity
+    /// False for a one-shot observer, invalidated after its first call.
     public let repeats: Bool
+    /// Position among a mode's observers: lower runs first.
     public let order: Int
     let handler: (LoopObserver, LoopActivity) -> Void
     private let valid = UnsafeMutablePointer<UInt32>.allocate(capacity: 1)

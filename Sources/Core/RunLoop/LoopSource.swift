@@ -23,7 +23,9 @@ public final class LoopSource: @unchecked Sendable {
         case descriptor(Int32, interest: Readiness)
     }
 
+    /// Custom (signalled by `signal()`) or descriptor (signalled by the kernel).
     public let kind: Kind
+    /// Position among a mode's sources: lower fires first.
     public let order: Int
     let onSchedule: ((ThreadLoop, LoopMode) -> Void)?
     let onCancel: ((ThreadLoop, LoopMode) -> Void)?

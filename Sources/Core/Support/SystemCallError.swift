@@ -13,6 +13,7 @@ public struct SystemCallError: Error, Sendable, Hashable, CustomStringConvertibl
     /// The `errno` value it reported (positive).
     public let code: Int32
 
+    /// The failure of `call` with errno `code`.
     public init(call: String, code: Int32) {
         self.call = call
         self.code = code
