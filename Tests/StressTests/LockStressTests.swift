@@ -69,6 +69,75 @@ struct LockStressTests {
         }
     }
 
+    /// Eventual fairness: threads that keep re-taking a lock (barging is
+    /// allowed, and is what makes it fast) cannot keep out a thread that
+    /// waits for it; the hand-off to the heir lets every waiter in. The
+    /// bound is loose (seconds, against a hand-off interval of well under a
+    /// millisecond): it catches starvation, not slowness.
+    @Test func waitersAreNotStarvedByBargingHolders() {
+        let lock = Lock()
+        let counter = Protected()
+        let waitersDone = Unchecked(UnsafeMutablePointer<UInt32>.allocate(capacity: 1))
+        waitersDone.value.initialize(to: 0)
+        defer { waitersDone.value.deallocate() }
+        let deadline = MonotonicClock.now.advanced(by: .seconds(20))
+        runThreads(6) { t in
+            if t < 2 {
+                // Hammer the lock until every waiter got it once (or the deadline).
+                while AtomicMemory.load(from: waitersDone.value, ordering: .acquiring) < 4
+                    && MonotonicClock.now < deadline
+                {
+                    lock.lock()
+                    counter.value += 1
+                    lock.unlock()
+                }
+            } else {
+                usleep(useconds_t(1_000 * t))  // arrive while the hammering runs
+                let acquired = lock.lock(before: deadline)
+                if acquired {
+                    counter.value += 1
+                    lock.unlock()
+                }
+                AtomicMemory.increment(waitersDone.value, ordering: .releasing)
+                #expect(acquired, "waiter \(t) was kept out for 20 s by threads re-taking the lock")
+            }
+        }
+        #expect(lock.wordValue == 0)
+    }
+
+    /// Many more threads than cores, mixing blocking, timed and try locks
+    /// with short sleeps inside the lock (a preempted holder): the count is
+    /// exact, nothing hangs, and the word ends idle.
+    @Test func oversubscribedMixedLockers() {
+        let lock = Lock()
+        let counter = Protected()
+        let misses = Protected()
+        let tally = Lock()
+        runThreads(16) { t in
+            var missed = 0
+            for i in 0..<1_500 {
+                let took: Bool
+                switch (i + t) % 4 {
+                case 0: took = lock.tryLock()
+                case 1: took = lock.lock(timeout: .microseconds(Int64(20 + (i % 200))))
+                default:
+                    lock.lock()
+                    took = true
+                }
+                if took {
+                    counter.value += 1
+                    if i % 64 == 0 { usleep(50) }
+                    lock.unlock()
+                } else {
+                    missed += 1
+                }
+            }
+            tally.withLock { misses.value += missed }
+        }
+        #expect(counter.value + misses.value == 16 * 1_500)
+        #expect(lock.wordValue == 0)
+    }
+
     /// Deadline waits racing with unlocks: a timed-out waiter must never leave
     /// the lock unusable (a stranded hand-off, a stuck flag).
     @Test func timedWaitersNeverStrandTheLock() {

@@ -49,7 +49,8 @@ public struct Condition: Locking, @unchecked Sendable {
     // and, for the lock's hand-off time, by the thread holding the lock.
 
     /// Owns the words: the lock's hand-off time (Int64 at 0), the lock word
-    /// (UInt32 at 8) and the condition's words (from 16).
+    /// (UInt32 at 8), the lock's heir word (UInt32 at 12) and the
+    /// condition's words (from 16).
     @usableFromInline
     final class Storage {
         @usableFromInline let base: UnsafeMutableRawPointer
@@ -71,6 +72,7 @@ public struct Condition: Locking, @unchecked Sendable {
     var mutex: FutexMutex {
         FutexMutex(
             word: (storage.base + 8).assumingMemoryBound(to: UInt32.self),
+            heirWord: (storage.base + 12).assumingMemoryBound(to: UInt32.self),
             nextHandoff: storage.base.assumingMemoryBound(to: Int64.self))
     }
 

@@ -49,11 +49,12 @@ public struct ConditionLock: Locking, @unchecked Sendable {
     ///     24  pointer  the first waiter (guarded)
     ///     32  pointer  the last waiter (guarded)
     ///     40  UInt32   the waiters' spin limit (`AdaptiveSpin`)
+    ///     44  UInt32   the guard's heir word
     @usableFromInline
     final class Storage {
         @usableFromInline let base: UnsafeMutableRawPointer
         init(condition: Int) {
-            base = allocateStableWords(byteCount: 44)
+            base = allocateStableWords(byteCount: 48)
             (base + 16).storeBytes(of: condition, as: Int.self)
             (base + 40).storeBytes(of: AdaptiveSpin.initialPolls, as: UInt32.self)
         }
@@ -71,6 +72,7 @@ public struct ConditionLock: Locking, @unchecked Sendable {
     var guardLock: FutexMutex {
         FutexMutex(
             word: (storage.base + 8).assumingMemoryBound(to: UInt32.self),
+            heirWord: (storage.base + 44).assumingMemoryBound(to: UInt32.self),
             nextHandoff: storage.base.assumingMemoryBound(to: Int64.self))
     }
 

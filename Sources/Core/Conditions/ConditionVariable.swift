@@ -165,8 +165,9 @@ public struct ConditionVariable: @unchecked Sendable {
         let paired = AtomicMemory.load(from: pairedWord, ordering: .acquiring)
         let pointer = UnsafeRawPointer(bitPattern: paired)!
         let lockStorage = Unmanaged<Lock.Storage>.fromOpaque(pointer).takeUnretainedValue()
+        let words = lockStorage.withUnsafeMutablePointerToElements { $0 }
         return FutexMutex(
-            word: lockStorage.withUnsafeMutablePointerToElements { $0 },
+            word: words, heirWord: words + 1,
             nextHandoff: lockStorage.withUnsafeMutablePointerToHeader { $0 })
     }
 }

@@ -6,21 +6,21 @@
 ///   lock, so an oversubscribed machine does not burn its cores), then sleeps
 ///   in the kernel (`futex(FUTEX_WAIT_BITSET)`) until an `unlock` wakes it.
 /// - Eventually fair, within limits: the lock normally goes to whichever
-///   thread grabs it first (the fastest policy), and about every
-///   `fairnessInterval` an `unlock` that finds a sleeper marked hands the lock
-///   directly to the thread that has slept longest (the futex queue is
-///   first-in first-out). Measured limit: with more runnable threads than
-///   cores, an unlock that wakes a sleeper clears the mark, and until that
-///   sleeper gets a CPU the holder's unlocks take the fast path, so a holder
-///   can keep the lock for its whole time slice (~4 ms here); over 40 ms
-///   windows the least served of 4–16 threads on 2 cores got 0.2–0.4 of the
-///   most served (still above every peer measured). With threads ≤ cores it
-///   is fair (0.97 at 2 threads).
+///   thread grabs it first (the fastest policy). A sleeper that is woken and
+///   finds the lock taken again becomes the lock's heir, and about every
+///   `fairnessInterval` an `unlock` hands the lock straight to the heir; the
+///   other sleepers keep their order meanwhile (see `FutexMutex`). With
+///   threads ≤ cores this is fair (0.86–0.96 at 2 threads over 40 ms
+///   windows). Measured limit: with more runnable threads than cores the
+///   scheduler, not the lock, decides who runs when the lock is free, and
+///   over 40 ms windows the least served of 4–16 threads on 2 cores got
+///   0.1–0.6 of the most served, as with every peer measured.
 /// - Deadlines on the monotonic clock (`lock(before:)`, `lock(timeout:)`).
 ///
 /// `Lock` is a handle: copies share one lock. The lock word lives in a
-/// 28-byte heap object (one 48-byte glibc malloc block; `NSLock` takes two
-/// allocations, 80 bytes requested) that never moves.
+/// 32-byte heap object (the lock word, the heir word and the hand-off time;
+/// one 48-byte glibc malloc block; `NSLock` takes two allocations, 80 bytes
+/// requested) that never moves.
 ///
 /// Memory: acquiring orders like an acquire, `unlock` like a release (see
 /// `Locking`). Misuse: `unlock()` of a lock that is not locked stops the
@@ -37,19 +37,19 @@ public struct Lock: Locking, @unchecked Sendable {
 
     @usableFromInline
     final class Storage: ManagedBuffer<Int64, UInt32> {}
-    // Header: the next hand-off time; one tail element: the lock word.
-    // 16 (object header) + 8 + 4 = 28 bytes on the heap.
+    // Header: the next hand-off time; two tail elements: the lock word and
+    // the heir word. 16 (object header) + 8 + 4 + 4 = 32 bytes on the heap.
 
     @usableFromInline let storage: Storage
     @usableFromInline let mutex: FutexMutex
 
     /// A new, unlocked lock.
     public init() {
-        let buffer = Storage.create(minimumCapacity: 1) { _ in 0 }
+        let buffer = Storage.create(minimumCapacity: 2) { _ in 0 }
         storage = unsafeDowncast(buffer, to: Storage.self)
-        let word = storage.withUnsafeMutablePointerToElements { $0 }
-        word.initialize(to: 0)
-        mutex = FutexMutex(word: word, nextHandoff: storage.withUnsafeMutablePointerToHeader { $0 })
+        let words = storage.withUnsafeMutablePointerToElements { $0 }
+        words.initialize(repeating: 0, count: 2)
+        mutex = FutexMutex(word: words, heirWord: words + 1, nextHandoff: storage.withUnsafeMutablePointerToHeader { $0 })
     }
 
     /// The raw lock word, for tests and diagnostics: 0 when idle.

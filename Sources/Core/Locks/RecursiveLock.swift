@@ -26,46 +26,86 @@ public struct RecursiveLock: Locking, @unchecked Sendable {
         @usableFromInline var depth: Int
     }
 
+    /// Tail elements: the lock word and the heir word.
     @usableFromInline
     final class Storage: ManagedBuffer<Header, UInt32> {}
 
     @usableFromInline let storage: Storage
+    @usableFromInline let core: RecursiveMutex
+
+    /// A new, unlocked recursive lock.
+    public init() {
+        let buffer = Storage.create(minimumCapacity: 2) { _ in Header(nextHandoff: 0, owner: 0, depth: 0) }
+        storage = unsafeDowncast(buffer, to: Storage.self)
+        let words = storage.withUnsafeMutablePointerToElements { $0 }
+        words.initialize(repeating: 0, count: 2)
+        let header = storage.withUnsafeMutablePointerToHeader { UnsafeMutableRawPointer($0) }
+        core = RecursiveMutex(
+            word: words, heirWord: words + 1,
+            nextHandoff: (header + MemoryLayout<Header>.offset(of: \.nextHandoff)!).assumingMemoryBound(to: Int64.self),
+            owner: (header + MemoryLayout<Header>.offset(of: \.owner)!).assumingMemoryBound(to: UInt.self),
+            depth: (header + MemoryLayout<Header>.offset(of: \.depth)!).assumingMemoryBound(to: Int.self))
+    }
+
+    /// Whether the calling thread holds the lock. Never blocks.
+    @inlinable
+    public var isHeldByCurrentThread: Bool { core.isHeldByCurrentThread }
+
+    /// The raw lock word, for tests and diagnostics: 0 when idle.
+    public var wordValue: UInt32 { AtomicMemory.load(from: core.mutex.word, ordering: .relaxed) }
+
+    /// Acquires the lock, or deepens it if this thread already holds it.
+    /// Blocks while another thread holds it.
+    @inlinable
+    public func lock() { core.lock() }
+
+    /// Acquires or deepens the lock if possible without blocking.
+    @inlinable
+    public func tryLock() -> Bool { core.tryLock() }
+
+    /// Acquires or deepens the lock, blocking at most until `deadline`.
+    @inlinable
+    public func lock(before deadline: MonotonicClock.Instant) -> Bool { core.lock(before: deadline) }
+
+    /// Undoes one `lock()`; the last one releases the lock to other threads.
+    /// Never blocks. Stops the process with a message when the calling thread
+    /// does not hold the lock.
+    @inlinable
+    public func unlock() { core.unlock() }
+}
+
+/// The recursive lock algorithm behind `RecursiveLock` and `synchronized`,
+/// on words kept at stable addresses by its owner: a `FutexMutex` plus the
+/// holder's identity and depth. Pointers only, so a table of them (the
+/// `synchronized` stripes) can be read without reference counting.
+@usableFromInline
+struct RecursiveMutex {
     @usableFromInline let mutex: FutexMutex
     @usableFromInline let owner: UnsafeMutablePointer<UInt>
     @usableFromInline let depth: UnsafeMutablePointer<Int>
 
-    /// A new, unlocked recursive lock.
-    public init() {
-        let buffer = Storage.create(minimumCapacity: 1) { _ in Header(nextHandoff: 0, owner: 0, depth: 0) }
-        storage = unsafeDowncast(buffer, to: Storage.self)
-        let word = storage.withUnsafeMutablePointerToElements { $0 }
-        word.initialize(to: 0)
-        let header = storage.withUnsafeMutablePointerToHeader { UnsafeMutableRawPointer($0) }
-        mutex = FutexMutex(
-            word: word,
-            nextHandoff: (header + MemoryLayout<Header>.offset(of: \.nextHandoff)!).assumingMemoryBound(to: Int64.self))
-        owner = (header + MemoryLayout<Header>.offset(of: \.owner)!).assumingMemoryBound(to: UInt.self)
-        depth = (header + MemoryLayout<Header>.offset(of: \.depth)!).assumingMemoryBound(to: Int.self)
+    @inlinable
+    init(
+        word: UnsafeMutablePointer<UInt32>, heirWord: UnsafeMutablePointer<UInt32>,
+        nextHandoff: UnsafeMutablePointer<Int64>, owner: UnsafeMutablePointer<UInt>, depth: UnsafeMutablePointer<Int>
+    ) {
+        mutex = FutexMutex(word: word, heirWord: heirWord, nextHandoff: nextHandoff)
+        self.owner = owner
+        self.depth = depth
     }
 
     /// The calling thread's identity.
     @inlinable
     static var me: UInt { UInt(bitPattern: Int(bitPattern: pthread_self())) }
 
-    /// Whether the calling thread holds the lock. Never blocks.
     @inlinable
-    public var isHeldByCurrentThread: Bool {
+    var isHeldByCurrentThread: Bool {
         // Relaxed is enough: only this thread ever stores its own identity.
         AtomicMemory.load(from: owner, ordering: .relaxed) == Self.me
     }
 
-    /// The raw lock word, for tests and diagnostics: 0 when idle.
-    public var wordValue: UInt32 { AtomicMemory.load(from: mutex.word, ordering: .relaxed) }
-
-    /// Acquires the lock, or deepens it if this thread already holds it.
-    /// Blocks while another thread holds it.
     @inlinable
-    public func lock() {
+    func lock() {
         let me = Self.me
         if AtomicMemory.load(from: owner, ordering: .relaxed) == me {
             depth.pointee += 1
@@ -75,9 +115,8 @@ public struct RecursiveLock: Locking, @unchecked Sendable {
         took(me)
     }
 
-    /// Acquires or deepens the lock if possible without blocking.
     @inlinable
-    public func tryLock() -> Bool {
+    func tryLock() -> Bool {
         let me = Self.me
         if AtomicMemory.load(from: owner, ordering: .relaxed) == me {
             depth.pointee += 1
@@ -88,9 +127,8 @@ public struct RecursiveLock: Locking, @unchecked Sendable {
         return true
     }
 
-    /// Acquires or deepens the lock, blocking at most until `deadline`.
     @inlinable
-    public func lock(before deadline: MonotonicClock.Instant) -> Bool {
+    func lock(before deadline: MonotonicClock.Instant) -> Bool {
         let me = Self.me
         if AtomicMemory.load(from: owner, ordering: .relaxed) == me {
             depth.pointee += 1
@@ -101,11 +139,8 @@ public struct RecursiveLock: Locking, @unchecked Sendable {
         return true
     }
 
-    /// Undoes one `lock()`; the last one releases the lock to other threads.
-    /// Never blocks. Stops the process with a message when the calling thread
-    /// does not hold the lock.
     @inlinable
-    public func unlock() {
+    func unlock() {
         require(
             AtomicMemory.load(from: owner, ordering: .relaxed) == Self.me,
             "RecursiveLock.unlock(): the calling thread does not hold this lock (unlocked on another thread, or more unlocks than locks)")

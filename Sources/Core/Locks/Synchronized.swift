@@ -31,16 +31,40 @@ public let synchronizedStripes = SynchronizedTable.count
 @usableFromInline
 enum SynchronizedTable {
     /// 256 stripes: with a few dozen objects in `synchronized` at once the
-    /// chance that two share a stripe stays small, at 12 KiB of locks.
+    /// chance that two share a stripe stays small, at 16 KiB of locks.
     @usableFromInline static let count = 256
-    @usableFromInline static let locks: [RecursiveLock] = (0..<count).map { _ in RecursiveLock() }
+
+    /// One cache line per stripe (no false sharing between stripes):
+    ///
+    ///      0  UInt32  the lock word        4  UInt32  the heir word
+    ///      8  Int64   the hand-off time   16  UInt    the holder
+    ///     24  Int     the depth
+    ///
+    /// Allocated once and never freed, like the table of the original.
+    /// `nonisolated(unsafe)`: the pointer is written once, by the lazy
+    /// initializer; the stripes it points to are only used through atomics
+    /// and the lock they implement.
+    @usableFromInline nonisolated(unsafe) static let stripes: UnsafeMutablePointer<RecursiveMutex> = {
+        let words = allocateStableWords(byteCount: count * stableWordsAlignment)
+        let table = UnsafeMutablePointer<RecursiveMutex>.allocate(capacity: count)
+        for i in 0..<count {
+            let line = words + i * stableWordsAlignment
+            (table + i).initialize(to: RecursiveMutex(
+                word: line.assumingMemoryBound(to: UInt32.self),
+                heirWord: (line + 4).assumingMemoryBound(to: UInt32.self),
+                nextHandoff: (line + 8).assumingMemoryBound(to: Int64.self),
+                owner: (line + 16).assumingMemoryBound(to: UInt.self),
+                depth: (line + 24).assumingMemoryBound(to: Int.self)))
+        }
+        return table
+    }()
 
     @inlinable
-    static func stripe(for object: AnyObject) -> RecursiveLock {
+    static func stripe(for object: AnyObject) -> RecursiveMutex {
         // Fibonacci hashing of the address: spreads objects that malloc
         // placed at regular strides over all stripes.
         let address = UInt(bitPattern: Int(bitPattern: ObjectIdentifier(object)))
         let index = Int(truncatingIfNeeded: (address &* 0x9E37_79B9_7F4A_7C15) >> 56)
-        return locks[index]
+        return stripes[index]
     }
 }
