@@ -183,13 +183,10 @@ extension FutexMutex {
                 if !r.exchanged { state = r.original; continue }
                 state = desired
             }
-            // Giving up only now: `parked` is set and `parkedWaking` clear, so
-            // if this thread was woken as well, the remaining sleepers stay
-            // reachable.
-            if MonotonicClock.now >= deadline {
-                if hasSlept && state & Self.locked == 0 { wakeParked() }
-                return false
-            }
+            // Giving up only now: `parked` is set and `parkedWaking` clear on a
+            // locked word, so if this thread was woken as well, the holder's
+            // unlock wakes one of the remaining sleepers.
+            if MonotonicClock.now >= deadline { return false }
             let result = futex.wait(expecting: state, until: deadline)
             hasSlept = true
             if result == .timedOut { return false }
