@@ -125,5 +125,57 @@ struct ThreadLoopStressTests {
         }
         #expect(fired.all.count == 3)
     }
-}
 
+    /// Additions racing invalidation and removal on other threads: an add
+    /// either lands before the invalidation, which then takes the item out,
+    /// or finds it invalid and adds nothing. Nothing is left behind: once
+    /// the keep-alive source goes, the running loop's default mode is empty
+    /// and its run returns `.finished`.
+    @Test(arguments: availableBackends)
+    func invalidationRacingAddLeavesNothing(kind: EventBackendKind) {
+        let count = 5_000
+        let sources = (0..<count).map { _ in LoopSource { _ in } }
+        let timers = (0..<count).map { _ in LoopTimer(after: .seconds(60)) { _ in } }
+        let ready = Latch()
+        let results = EventLog()
+        let slot = UnsafeMutablePointer<Unchecked<(ThreadLoop, LoopSource)>?>.allocate(capacity: 1)
+        slot.initialize(to: nil)
+        defer { slot.deallocate() }
+        let shared = SharedPointer(slot)
+        let loopThread = startThread {
+            let loop = try! ThreadLoop.current(backend: kind)
+            let keep = LoopSource { _ in }
+            loop.add(keep)
+            shared.pointer.pointee = Unchecked((loop, keep))
+            ready.countDown()
+            var result = LoopRunResult.timedOut
+            let deadline = MonotonicClock.now.advanced(by: .seconds(60))
+            while result != .finished && MonotonicClock.now < deadline {
+                result = loop.run(mode: .default, timeout: .seconds(1))
+            }
+            results.append("\(result)")
+        }
+        ready.wait()
+        let (loop, keep) = shared.pointer.pointee!.value
+        runThreads(3) { role in
+            for i in 0..<count {
+                switch role {
+                case 0:
+                    loop.add(sources[i], forMode: i % 2 == 0 ? .default : .common)
+                    loop.add(timers[i], forMode: i % 3 == 0 ? .common : .default)
+                    sources[i].signal()
+                case 1:
+                    sources[i].invalidate()
+                    timers[i].invalidate()
+                default:
+                    loop.remove(sources[i], forMode: .default)
+                    loop.remove(timers[i], forMode: .common)
+                }
+            }
+        }
+        keep.invalidate()
+        loopThread()
+        #expect(results.all == ["finished"])
+        #expect(sources.allSatisfy { !$0.isValid } && timers.allSatisfy { !$0.isValid })
+    }
+}
