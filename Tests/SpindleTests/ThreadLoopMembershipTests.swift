@@ -7,48 +7,10 @@ import TestSupport
 import Glibc
 #endif
 
-/// A loop on a thread of its own, with a source keeping its default mode
-/// busy: `run` hands the loop to a body on the calling thread while the
-/// loop thread runs one `run(mode: .default, timeout: 30 s)` call, and
-/// returns what that call returned. The body must end by emptying the
-/// default mode (`keep` included), which makes the loop's run `.finished`.
-private func withRunningLoop(
-    _ kind: EventBackendKind, _ body: @escaping @Sendable (_ loop: ThreadLoop, _ keep: LoopSource) -> Void
-) -> LoopRunResult? {
-    let ready = Latch()
-    let result = EventLog()
-    let slot = UnsafeMutablePointer<Unchecked<(ThreadLoop, LoopSource)>?>.allocate(capacity: 1)
-    slot.initialize(to: nil)
-    defer { slot.deallocate() }
-    let shared = SharedPointer(slot)
-    let join = startThread {
-        let loop = try! ThreadLoop.current(backend: kind)
-        let keep = LoopSource { _ in }
-        loop.add(keep)
-        shared.pointer.pointee = Unchecked((loop, keep))
-        ready.countDown()
-        result.append("\(loop.run(mode: .default, timeout: .seconds(30)))")
-    }
-    ready.wait()
-    let (loop, keep) = shared.pointer.pointee!.value
-    body(loop, keep)
-    join()
-    return result.all.first.flatMap { text in
-        [LoopRunResult.finished, .stopped, .timedOut, .handledSource].first { "\($0)" == text }
-    }
-}
-
 /// The main thread's timer slack in nanoseconds (/proc/<pid>/timerslack_ns
 /// is the thread group leader's), or -1.
 private func mainThreadTimerSlack() -> Int {
-    let fd = open("/proc/self/timerslack_ns", O_RDONLY)
-    guard fd >= 0 else { return -1 }
-    defer { close(fd) }
-    var buffer = [UInt8](repeating: 0, count: 32)
-    let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-    guard n > 0 else { return -1 }
-    let text = String(decoding: buffer[0..<n], as: UTF8.self)
-    return text.split(whereSeparator: \.isWhitespace).first.flatMap { Int($0) } ?? -1
+    procFileText("/proc/self/timerslack_ns")?.split(whereSeparator: \.isWhitespace).first.flatMap { Int($0) } ?? -1
 }
 
 @Suite("ThreadLoop: adding and removing")
@@ -59,30 +21,31 @@ struct ThreadLoopMembershipTests {
     @Test(arguments: availableBackends)
     func addAndRemoveFromAnotherThreadWhileTheLoopRuns(kind: EventBackendKind) {
         let log = EventLog()
-        let result = withRunningLoop(kind) { loop, keep in
-            #expect(!loop.isCurrent)
-            let performed = Latch()
-            let source = LoopSource(
-                schedule: { _, mode in log.append("schedule \(mode)") },
-                cancel: { _, mode in log.append("cancel \(mode)") }
-            ) { _ in
-                log.append("perform on the loop thread: \(loop.isCurrent)")
-                performed.countDown()
-            }
-            loop.add(source, forMode: .default)
-            source.signal()
-            #expect(performed.wait(seconds: 10))
-            let fired = Latch()
-            let timer = LoopTimer(after: .milliseconds(1)) { _ in
-                log.append("timer on the loop thread: \(loop.isCurrent)")
-                fired.countDown()
-            }
-            loop.add(timer, forMode: .default)
-            #expect(fired.wait(seconds: 10))
-            loop.remove(source, forMode: .default)
-            #expect(!loop.contains(source, inMode: .default))
-            loop.remove(keep, forMode: .default)
+        let running = RunningLoop(kind) { $0.run(mode: .default, timeout: .seconds(30)) }
+        let loop = running.loop!
+        #expect(!loop.isCurrent)
+        let performed = Latch()
+        let source = LoopSource(
+            schedule: { _, mode in log.append("schedule \(mode)") },
+            cancel: { _, mode in log.append("cancel \(mode)") }
+        ) { _ in
+            log.append("perform on the loop thread: \(loop.isCurrent)")
+            performed.countDown()
         }
+        loop.add(source, forMode: .default)
+        source.signal()
+        #expect(performed.wait(seconds: 10))
+        let fired = Latch()
+        let timer = LoopTimer(after: .milliseconds(1)) { _ in
+            log.append("timer on the loop thread: \(loop.isCurrent)")
+            fired.countDown()
+        }
+        loop.add(timer, forMode: .default)
+        #expect(fired.wait(seconds: 10))
+        loop.remove(source, forMode: .default)
+        #expect(!loop.contains(source, inMode: .default))
+        loop.remove(running.keep, forMode: .default)
+        let result = running.join()
         #expect(result == .finished)
         #expect(log.all == [
             "schedule default", "perform on the loop thread: true", "timer on the loop thread: true", "cancel default",
@@ -141,35 +104,56 @@ struct ThreadLoopMembershipTests {
         }
     }
 
+    /// A loop with more modes than it scans by name (it then looks them up
+    /// by hash) keeps each mode's items apart.
+    @Test(arguments: availableBackends)
+    func manyModesKeepTheirItemsApart(kind: EventBackendKind) {
+        onLoopThread(kind) { loop in
+            let modes = (0..<10).map { LoopMode("mode \($0)") }
+            let cancelled = EventLog()
+            var performed = 0
+            let source = LoopSource(cancel: { _, mode in cancelled.append("\(mode)") }) { _ in performed += 1 }
+            for m in modes { loop.add(source, forMode: m) }
+            loop.remove(source, forMode: modes[3])
+            for (i, m) in modes.enumerated() { #expect(loop.contains(source, inMode: m) == (i != 3)) }
+            #expect(!loop.contains(source, inMode: .default))
+            source.signal()
+            #expect(loop.run(mode: modes[3], timeout: .zero) == .finished)
+            #expect(loop.run(mode: modes[9], timeout: .zero, returnAfterSourceHandled: true) == .handledSource)
+            #expect(performed == 1)
+            source.invalidate()
+            #expect(Set(cancelled.all) == Set(modes.map(\.name)))
+            #expect(cancelled.all.count == 10)
+        }
+    }
+
     /// A descriptor source in two modes stays watched while either holds it.
     @Test(arguments: availableBackends)
     func descriptorSourceWatchedWhileAnyModeHoldsIt(kind: EventBackendKind) {
         onLoopThread(kind) { loop in
-            var fds: [Int32] = [0, 0]
-            #expect(pipe(&fds) == 0)
-            defer { close(fds[0]); close(fds[1]) }
-            let other: LoopMode = "other"
-            let readEnd = fds[0]
-            var reads = 0
-            let source = LoopSource(descriptor: readEnd) { _, _ in
-                var byte: UInt8 = 0
-                _ = read(readEnd, &byte, 1)
-                reads += 1
+            withPipe { readEnd, writeEnd in
+                let other: LoopMode = "other"
+                var reads = 0
+                let source = LoopSource(descriptor: readEnd) { _, _ in
+                    var byte: UInt8 = 0
+                    _ = read(readEnd, &byte, 1)
+                    reads += 1
+                }
+                loop.add(source, forMode: .default)
+                loop.add(source, forMode: other)
+                loop.remove(source, forMode: .default)
+                var byte: UInt8 = 1
+                _ = write(writeEnd, &byte, 1)
+                #expect(loop.run(mode: other, timeout: .seconds(10), returnAfterSourceHandled: true) == .handledSource)
+                #expect(reads == 1)
+                // Back in both, out of both: no longer watched, nothing left.
+                loop.add(source, forMode: .default)
+                loop.remove(source, forMode: .common)
+                loop.remove(source, forMode: other)
+                _ = write(writeEnd, &byte, 1)
+                #expect(loop.run(mode: other, timeout: .zero) == .finished)
+                #expect(reads == 1)
             }
-            loop.add(source, forMode: .default)
-            loop.add(source, forMode: other)
-            loop.remove(source, forMode: .default)
-            var byte: UInt8 = 1
-            _ = write(fds[1], &byte, 1)
-            #expect(loop.run(mode: other, timeout: .seconds(10), returnAfterSourceHandled: true) == .handledSource)
-            #expect(reads == 1)
-            // Back in both, out of both: no longer watched, nothing left.
-            loop.add(source, forMode: .default)
-            loop.remove(source, forMode: .common)
-            loop.remove(source, forMode: other)
-            _ = write(fds[1], &byte, 1)
-            #expect(loop.run(mode: other, timeout: .zero) == .finished)
-            #expect(reads == 1)
         }
     }
 

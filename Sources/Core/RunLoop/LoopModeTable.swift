@@ -74,17 +74,23 @@ struct LoopModeTable {
         return modes.count - 1
     }
 
-    /// Calls `body` with the slot of every concrete mode that an item added
-    /// to (or removed from) `mode` reaches: `mode` itself, or every common
-    /// mode for `.common`. With `creating`, modes not used yet get a slot;
-    /// without it they are skipped.
-    private mutating func forEachSlot(reachedBy mode: LoopMode, creating: Bool, _ body: (inout Self, Int) -> Void) {
+    /// Calls `body` with the items of every common mode; with `creating`,
+    /// common modes not used yet are made, without it they are skipped.
+    private mutating func forEachCommonMode(creating: Bool, _ body: (inout Items) -> Void) {
+        for m in commonModes {
+            if let s = creating ? slotCreating(m) : slot(m) { body(&modes[s]) }
+        }
+    }
+
+    /// Applies `change` to the items of `mode`, or for `.common` to the
+    /// record and every common mode. With `creating`, modes not used yet are
+    /// made; without it they are skipped.
+    private mutating func update(_ mode: LoopMode, creating: Bool, _ change: (inout Items) -> Void) {
         if mode == .common {
-            for m in commonModes {
-                if let s = creating ? slotCreating(m) : slot(m) { body(&self, s) }
-            }
+            change(&common)
+            forEachCommonMode(creating: creating, change)
         } else if let s = creating ? slotCreating(mode) : slot(mode) {
-            body(&self, s)
+            change(&modes[s])
         }
     }
 
@@ -106,54 +112,53 @@ struct LoopModeTable {
 
     // MARK: Sources
 
-    /// Adds `source` to concrete mode `mode` unless it is there or was
-    /// invalidated (recording the membership in the source). Returns
-    /// whether it joined.
-    mutating func insert(_ source: LoopSource, in mode: LoopMode) -> Bool {
-        let slot = slotCreating(mode)
-        guard !modes[slot].sources.containsIdentical(source), source.join(loop) else { return false }
-        modes[slot].insert(source)
-        return true
-    }
-
-    /// Adds `source` to the `.common` record and to every common mode that
-    /// lacks it. Returns the modes it joined; none if it was invalidated.
-    mutating func insertInCommonModes(_ source: LoopSource) -> [LoopMode] {
-        var missing: [Int] = []
-        forEachSlot(reachedBy: .common, creating: true) { table, slot in
-            if !table.modes[slot].sources.containsIdentical(source) { missing.append(slot) }
+    /// Adds `source` to `mode` (for `.common`: to the record and every common
+    /// mode) wherever it is missing, unless it was invalidated. Records the
+    /// membership in the source first, in one step, so that an invalidation
+    /// sees all of it or none. Returns the modes it joined.
+    mutating func insert(_ source: LoopSource, in mode: LoopMode) -> ChangedModes {
+        guard mode == .common else {
+            let slot = slotCreating(mode)
+            guard !modes[slot].sources.containsIdentical(source), source.join(loop) else { return ChangedModes() }
+            modes[slot].insert(source)
+            return ChangedModes(mode)
         }
-        // One join for them all, so that invalidation sees all or none.
-        guard source.join(loop, modes: missing.count) else { return [] }
+        var missing = 0
+        forEachCommonMode(creating: true) { items in
+            if !items.sources.containsIdentical(source) { missing += 1 }
+        }
+        guard source.join(loop, modes: missing) else { return ChangedModes() }
         if !common.sources.containsIdentical(source) { common.sources.append(source) }
-        for slot in missing { modes[slot].insert(source) }
-        return missing.map { modes[$0].mode }
+        var joined = ChangedModes()
+        forEachCommonMode(creating: false) { items in
+            guard !items.sources.containsIdentical(source) else { return }
+            items.insert(source)
+            joined.append(items.mode)
+        }
+        return joined
     }
 
-    /// Removes `source` from concrete mode `mode`. Returns whether it was
-    /// there, and whether no mode of the loop holds it any more.
-    mutating func remove(_ source: LoopSource, from mode: LoopMode) -> (left: Bool, leftLoop: Bool) {
-        guard let slot = slot(mode), modes[slot].sources.removeIdentical(source) else { return (false, false) }
-        return (true, source.leave(loop))
-    }
-
-    /// Removes `source` from the `.common` record and every common mode.
-    /// Returns the modes it left, and whether no mode of the loop holds it
-    /// any more.
-    mutating func removeFromCommonModes(_ source: LoopSource) -> (left: [LoopMode], leftLoop: Bool) {
+    /// Removes `source` from `mode` (for `.common`: from the record and every
+    /// common mode). Returns the modes it left, and whether no mode of the
+    /// loop holds it any more.
+    mutating func remove(_ source: LoopSource, from mode: LoopMode) -> (left: ChangedModes, leftLoop: Bool) {
+        guard mode == .common else {
+            guard let slot = slot(mode), modes[slot].sources.removeIdentical(source) else { return (ChangedModes(), false) }
+            return (ChangedModes(mode), source.leave(loop))
+        }
         _ = common.sources.removeIdentical(source)
-        var left: [LoopMode] = []
-        forEachSlot(reachedBy: .common, creating: false) { table, slot in
-            if table.modes[slot].sources.removeIdentical(source) { left.append(table.modes[slot].mode) }
+        var left = ChangedModes()
+        forEachCommonMode(creating: false) { items in
+            if items.sources.removeIdentical(source) { left.append(items.mode) }
         }
         return (left, !left.isEmpty && source.leave(loop, modes: left.count))
     }
 
     /// Removes `source` from the `.common` record and every mode. Returns
     /// the modes it left.
-    mutating func removeEverywhere(_ source: LoopSource) -> [LoopMode] {
+    mutating func removeEverywhere(_ source: LoopSource) -> ChangedModes {
         _ = common.sources.removeIdentical(source)
-        var left: [LoopMode] = []
+        var left = ChangedModes()
         for slot in modes.indices where modes[slot].sources.removeIdentical(source) {
             left.append(modes[slot].mode)
         }
@@ -167,18 +172,16 @@ struct LoopModeTable {
         return slot(mode).map { modes[$0].sources.containsIdentical(source) } ?? false
     }
 
-    // MARK: Timers
+    // MARK: Timers and observers
 
     /// Adds `timer` to `mode` (and the record, for `.common`), where absent.
     mutating func insert(_ timer: LoopTimer, in mode: LoopMode) {
-        if mode == .common { common.insertIfAbsent(timer) }
-        forEachSlot(reachedBy: mode, creating: true) { table, slot in table.modes[slot].insertIfAbsent(timer) }
+        update(mode, creating: true) { $0.insertIfAbsent(timer) }
     }
 
     /// Removes `timer` from `mode` (and the record, for `.common`).
     mutating func remove(_ timer: LoopTimer, from mode: LoopMode) {
-        if mode == .common { _ = common.timers.removeIdentical(timer) }
-        forEachSlot(reachedBy: mode, creating: false) { table, slot in _ = table.modes[slot].timers.removeIdentical(timer) }
+        update(mode, creating: false) { _ = $0.timers.removeIdentical(timer) }
     }
 
     /// Removes `timer` from the record and every mode.
@@ -187,18 +190,14 @@ struct LoopModeTable {
         for slot in modes.indices { _ = modes[slot].timers.removeIdentical(timer) }
     }
 
-    // MARK: Observers
-
     /// Adds `observer` to `mode` (and the record, for `.common`), where absent.
     mutating func insert(_ observer: LoopObserver, in mode: LoopMode) {
-        if mode == .common { common.insertIfAbsent(observer) }
-        forEachSlot(reachedBy: mode, creating: true) { table, slot in table.modes[slot].insertIfAbsent(observer) }
+        update(mode, creating: true) { $0.insertIfAbsent(observer) }
     }
 
     /// Removes `observer` from `mode` (and the record, for `.common`).
     mutating func remove(_ observer: LoopObserver, from mode: LoopMode) {
-        if mode == .common { _ = common.observers.removeIdentical(observer) }
-        forEachSlot(reachedBy: mode, creating: false) { table, slot in _ = table.modes[slot].observers.removeIdentical(observer) }
+        update(mode, creating: false) { _ = $0.observers.removeIdentical(observer) }
     }
 
     /// Drops `mode`'s invalidated observers and returns those watching
@@ -207,6 +206,38 @@ struct LoopModeTable {
         guard let slot = slot(mode), !modes[slot].observers.isEmpty else { return [] }
         modes[slot].observers.removeAll { !$0.isValid }
         return modes[slot].observers.filter { $0.activities.contains(activity) }
+    }
+}
+
+/// The modes an add or remove changed. Usually one, which is held without
+/// an array, so that the common case allocates nothing.
+struct ChangedModes {
+    private var first: LoopMode?
+    private var more: [LoopMode]?
+
+    /// None.
+    init() {}
+    /// Just `mode`.
+    init(_ mode: LoopMode) { first = mode }
+
+    var isEmpty: Bool { first == nil }
+    var count: Int { first == nil ? 0 : 1 + (more?.count ?? 0) }
+
+    mutating func append(_ mode: LoopMode) {
+        if first == nil {
+            first = mode
+        } else if more == nil {
+            more = [mode]
+        } else {
+            more!.append(mode)
+        }
+    }
+
+    /// Calls `body` with each mode, in the order appended.
+    func forEach(_ body: (LoopMode) -> Void) {
+        guard let first else { return }
+        body(first)
+        more?.forEach(body)
     }
 }
 

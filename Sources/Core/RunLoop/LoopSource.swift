@@ -20,8 +20,8 @@ import Synchronization
 /// Memory: a source is one object plus its lock (two heap blocks); the
 /// signal flag lives in the object itself.
 public final class LoopSource: @unchecked Sendable {
-    // @unchecked: `state` is guarded by `lock`;
-    // `signaled` is atomic; everything else is immutable.
+    // @unchecked: `state` is guarded by `lock`, `signaled` is atomic, and
+    // everything else is immutable.
 
     /// Which kind of source this is.
     public enum Kind: Sendable, Hashable {
@@ -54,7 +54,7 @@ public final class LoopSource: @unchecked Sendable {
     /// live in one loop.
     private struct State {
         struct Record {
-            let loop: LoopIdentity
+            let identity: LoopIdentity
             var modes: Int
         }
         var valid = true
@@ -64,28 +64,28 @@ public final class LoopSource: @unchecked Sendable {
         mutating func join(_ loop: LoopIdentity, modes count: Int) -> Bool {
             guard valid else { return false }
             guard count > 0 else { return true }
-            if first?.loop === loop {
+            if first?.identity === loop {
                 first!.modes += count
-            } else if let i = more.firstIndex(where: { $0.loop === loop }) {
+            } else if let i = more.firstIndex(where: { $0.identity === loop }) {
                 more[i].modes += count
-            } else if first == nil || first!.loop.loop == nil {
+            } else if first == nil || first!.identity.loop == nil {
                 // A record whose loop is gone can go: no loop would remove it.
-                first = Record(loop: loop, modes: count)
+                first = Record(identity: loop, modes: count)
             } else {
-                more.removeAll { $0.loop.loop == nil }
-                more.append(Record(loop: loop, modes: count))
+                more.removeAll { $0.identity.loop == nil }
+                more.append(Record(identity: loop, modes: count))
             }
             return true
         }
 
         mutating func leave(_ loop: LoopIdentity, modes count: Int) -> Bool {
-            if first?.loop === loop {
+            if first?.identity === loop {
                 first!.modes -= count
                 guard first!.modes <= 0 else { return false }
                 first = more.isEmpty ? nil : more.removeFirst()
                 return true
             }
-            guard let i = more.firstIndex(where: { $0.loop === loop }) else { return true }
+            guard let i = more.firstIndex(where: { $0.identity === loop }) else { return true }
             more[i].modes -= count
             guard more[i].modes <= 0 else { return false }
             more.remove(at: i)
@@ -151,9 +151,9 @@ public final class LoopSource: @unchecked Sendable {
         require(kind == .custom, "LoopSource.signal(): only custom sources are signalled (descriptor sources are signalled by the kernel)")
         // Pairs with the acquiring exchange in `consumeSignal()`.
         signaled.store(true, ordering: .releasing)
-        let (first, more) = lock.withLock { (state.first?.loop, state.more) }
+        let (first, more) = lock.withLock { (state.first?.identity, state.more) }
         first?.loop?.wakeUp()
-        for m in more { m.loop.loop?.wakeUp() }
+        for m in more { m.identity.loop?.wakeUp() }
     }
 
     /// Clears the signal; true if it was set. Acquiring: pairs with
@@ -172,10 +172,10 @@ public final class LoopSource: @unchecked Sendable {
         let (first, more): (LoopIdentity?, [State.Record]) = lock.withLock {
             guard state.valid else { return (nil, []) }
             state.valid = false
-            return (state.first?.loop, state.more)
+            return (state.first?.identity, state.more)
         }
         first?.loop?.removeEverywhere(self)
-        for m in more { m.loop.loop?.removeEverywhere(self) }
+        for m in more { m.identity.loop?.removeEverywhere(self) }
     }
 
     /// Records that `count` more of `loop`'s modes hold the source. Called

@@ -12,9 +12,11 @@ import Synchronization
 /// A timer belongs to at most one loop (adding it to a second is a
 /// precondition failure) but may be in several of that loop's modes; it fires
 /// only while the loop runs in one of them. Thread-safe: `invalidate()` and
-/// the properties may be used from any thread and never block; once
-/// `invalidate()` has returned, the handler does not start again (a call
-/// already running on the loop thread finishes).
+/// the properties may be used from any thread (the properties never block;
+/// `invalidate()` takes the loop's lock briefly). Once `invalidate()` has
+/// returned the loop starts no new firing; if another thread invalidates the
+/// timer just as the loop thread begins a firing, that firing's handler may
+/// still run.
 ///
 /// Memory: a timer is a single heap object; its state is atomic words
 /// inside it, with no lock.

@@ -137,25 +137,17 @@ public final class ThreadLoop: @unchecked Sendable {
     /// joined. Any thread; wakes the loop if called from another thread.
     /// Adding it again is a no-op; an invalidated source is ignored. Takes
     /// the loop's lock, and within it the source's, briefly; allocates
-    /// nothing for one mode once the mode's array has room.
+    /// nothing for one mode once the mode's array has room. The loop's lock
+    /// orders it: what the caller wrote before is visible to the loop thread
+    /// when it fires the source.
     public func add(_ source: LoopSource, forMode mode: LoopMode = .default) {
-        if mode == .common {
-            let joined: [LoopMode] = lock.withLock {
-                let joined = table.insertInCommonModes(source)
-                if !joined.isEmpty { watchDescriptor(source) }
-                return joined
-            }
-            guard !joined.isEmpty else { return }
-            for m in joined { source.onSchedule?(self, m) }
-        } else {
-            let joined: Bool = lock.withLock {
-                guard table.insert(source, in: mode) else { return false }
-                watchDescriptor(source)
-                return true
-            }
-            guard joined else { return }
-            source.onSchedule?(self, mode)
+        let joined = lock.withLock {
+            let joined = table.insert(source, in: mode)
+            if !joined.isEmpty { watchDescriptor(source) }
+            return joined
         }
+        guard !joined.isEmpty else { return }
+        joined.forEach { source.onSchedule?(self, $0) }
         sourcesChanged(descriptor: source.isDescriptor)
     }
 
@@ -164,36 +156,30 @@ public final class ThreadLoop: @unchecked Sendable {
     /// it left. Removing a source that is not there is a no-op. Any thread;
     /// wakes the loop if called from another thread.
     public func remove(_ source: LoopSource, forMode mode: LoopMode = .default) {
-        if mode == .common {
-            let left: [LoopMode] = lock.withLock {
-                let (left, leftLoop) = table.removeFromCommonModes(source)
-                if leftLoop { forgetDescriptor(source) }
-                return left
-            }
-            guard !left.isEmpty else { return }
-            for m in left { source.onCancel?(self, m) }
-        } else {
-            let left: Bool = lock.withLock {
-                let (left, leftLoop) = table.remove(source, from: mode)
-                if leftLoop { forgetDescriptor(source) }
-                return left
-            }
-            guard left else { return }
-            source.onCancel?(self, mode)
+        let left = lock.withLock {
+            let (left, leftLoop) = table.remove(source, from: mode)
+            if leftLoop { forgetDescriptor(source) }
+            return left
         }
-        sourcesChanged(descriptor: source.isDescriptor)
+        cancelled(source, in: left)
     }
 
     /// Removes `source` from every mode and from `.common` (invalidation),
     /// calling `cancel` for each mode it left.
     func removeEverywhere(_ source: LoopSource) {
-        let left: [LoopMode] = lock.withLock {
+        let left = lock.withLock {
             let left = table.removeEverywhere(source)
             if !left.isEmpty { forgetDescriptor(source) }
             return left
         }
+        cancelled(source, in: left)
+    }
+
+    /// After `source` left the modes `left`: its `cancel` callbacks, then
+    /// the loop learns of the change.
+    private func cancelled(_ source: LoopSource, in left: ChangedModes) {
         guard !left.isEmpty else { return }
-        for m in left { source.onCancel?(self, m) }
+        left.forEach { source.onCancel?(self, $0) }
         sourcesChanged(descriptor: source.isDescriptor)
     }
 
@@ -245,7 +231,9 @@ public final class ThreadLoop: @unchecked Sendable {
     /// loop: adding it to a second loop is a precondition failure, even after
     /// the first is gone. Adding an invalidated timer is a no-op. Any thread;
     /// wakes the loop if called from another thread. Takes the loop's lock
-    /// briefly; allocates nothing for one mode once its array has room.
+    /// briefly; allocates nothing for one mode once its array has room. The
+    /// loop's lock orders it: what the caller wrote before is visible to the
+    /// handler.
     public func add(_ timer: LoopTimer, forMode mode: LoopMode = .default) {
         timer.claim(for: identity)
         lock.withLock {
