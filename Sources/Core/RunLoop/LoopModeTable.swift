@@ -8,7 +8,8 @@
 /// any mode added to the common set later.
 ///
 /// Adding to or removing from one concrete mode allocates nothing once the
-/// mode's arrays have room; only `.common` and invalidation build lists.
+/// mode's arrays have room; only a change to several modes at once (through
+/// `.common`, or invalidation) builds a list of them.
 struct LoopModeTable {
     /// One mode's items. Each item is in it at most once.
     struct Items {
@@ -46,9 +47,9 @@ struct LoopModeTable {
     /// The record of `.common`.
     private(set) var common = Items(mode: .common)
     /// The loop this table belongs to, as sources record it.
-    let loop: LoopIdentity
+    let identity: LoopIdentity
 
-    init(loop: LoopIdentity) { self.loop = loop }
+    init(for identity: LoopIdentity) { self.identity = identity }
 
     // MARK: Modes
 
@@ -101,7 +102,7 @@ struct LoopModeTable {
         guard commonModes.insert(mode).inserted else { return nil }
         let slot = slotCreating(mode)
         var joined: [LoopSource] = []
-        for s in common.sources where !modes[slot].sources.containsIdentical(s) && s.join(loop) {
+        for s in common.sources where !modes[slot].sources.containsIdentical(s) && s.join(identity) {
             modes[slot].insert(s)
             joined.append(s)
         }
@@ -119,7 +120,7 @@ struct LoopModeTable {
     mutating func insert(_ source: LoopSource, in mode: LoopMode) -> ChangedModes {
         guard mode == .common else {
             let slot = slotCreating(mode)
-            guard !modes[slot].sources.containsIdentical(source), source.join(loop) else { return ChangedModes() }
+            guard !modes[slot].sources.containsIdentical(source), source.join(identity) else { return ChangedModes() }
             modes[slot].insert(source)
             return ChangedModes(mode)
         }
@@ -127,7 +128,7 @@ struct LoopModeTable {
         forEachCommonMode(creating: true) { items in
             if !items.sources.containsIdentical(source) { missing += 1 }
         }
-        guard source.join(loop, modes: missing) else { return ChangedModes() }
+        guard source.join(identity, modes: missing) else { return ChangedModes() }
         if !common.sources.containsIdentical(source) { common.sources.append(source) }
         var joined = ChangedModes()
         forEachCommonMode(creating: false) { items in
@@ -144,14 +145,14 @@ struct LoopModeTable {
     mutating func remove(_ source: LoopSource, from mode: LoopMode) -> (left: ChangedModes, leftLoop: Bool) {
         guard mode == .common else {
             guard let slot = slot(mode), modes[slot].sources.removeIdentical(source) else { return (ChangedModes(), false) }
-            return (ChangedModes(mode), source.leave(loop))
+            return (ChangedModes(mode), source.leave(identity))
         }
         _ = common.sources.removeIdentical(source)
         var left = ChangedModes()
         forEachCommonMode(creating: false) { items in
             if items.sources.removeIdentical(source) { left.append(items.mode) }
         }
-        return (left, !left.isEmpty && source.leave(loop, modes: left.count))
+        return (left, !left.isEmpty && source.leave(identity, modes: left.count))
     }
 
     /// Removes `source` from the `.common` record and every mode. Returns
@@ -162,7 +163,7 @@ struct LoopModeTable {
         for slot in modes.indices where modes[slot].sources.removeIdentical(source) {
             left.append(modes[slot].mode)
         }
-        if !left.isEmpty { _ = source.leave(loop, modes: left.count) }
+        if !left.isEmpty { _ = source.leave(identity, modes: left.count) }
         return left
     }
 

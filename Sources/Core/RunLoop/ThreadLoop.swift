@@ -71,7 +71,7 @@ public final class ThreadLoop: @unchecked Sendable {
         self.backend = backend
         self.ownerThreadID = owner
         identity = LoopIdentity()
-        table = LoopModeTable(loop: identity)
+        table = LoopModeTable(for: identity)
         stopFlag.initialize(to: 0)
         // Before the loop is shared: from here on `identity.loop` is only read.
         identity.loop = self
