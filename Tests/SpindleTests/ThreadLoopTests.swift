@@ -104,28 +104,25 @@ struct ThreadLoopSequenceTests {
     @Test(arguments: availableBackends)
     func descriptorSourceWakesAndFires(kind: EventBackendKind) {
         onLoopThread(kind) { loop in
-            var fds: [Int32] = [0, 0]
-            #expect(pipe(&fds) == 0)
-            defer { close(fds[0]); close(fds[1]) }
-            let log = EventLog()
-            _ = observeAll(loop, log)
-            let readEnd = fds[0]
-            let source = LoopSource(descriptor: readEnd) { _, readiness in
-                var byte: UInt8 = 0
-                _ = read(readEnd, &byte, 1)
-                log.append(readiness.contains(.readable) ? "readable" : "other")
+            withPipe { readEnd, writeEnd in
+                let log = EventLog()
+                _ = observeAll(loop, log)
+                let source = LoopSource(descriptor: readEnd) { _, readiness in
+                    var byte: UInt8 = 0
+                    _ = read(readEnd, &byte, 1)
+                    log.append(readiness.contains(.readable) ? "readable" : "other")
+                }
+                loop.add(source)
+                let join = startThread {
+                    usleep(20_000)
+                    var b: UInt8 = 1
+                    _ = write(writeEnd, &b, 1)
+                }
+                #expect(loop.run(mode: .default, timeout: .seconds(30), returnAfterSourceHandled: true) == .handledSource)
+                join()
+                #expect(log.all == ["entry", "beforeTimers", "beforeSources", "beforeWaiting", "afterWaiting", "readable", "exit"])
+                source.invalidate()
             }
-            loop.add(source)
-            let writeEnd = fds[1]
-            let join = startThread {
-                usleep(20_000)
-                var b: UInt8 = 1
-                _ = write(writeEnd, &b, 1)
-            }
-            #expect(loop.run(mode: .default, timeout: .seconds(30), returnAfterSourceHandled: true) == .handledSource)
-            join()
-            #expect(log.all == ["entry", "beforeTimers", "beforeSources", "beforeWaiting", "afterWaiting", "readable", "exit"])
-            source.invalidate()
         }
     }
 }

@@ -41,12 +41,18 @@ struct ThreadLoopTimerTests {
             var fired = 0
             let timer = LoopTimer(fireAt: start, interval: interval) { _ in fired += 1 }
             loop.add(timer, forMode: .default)
-            usleep(45_000)  // 4.5 periods pass with the loop not running
+            usleep(45_000)  // at least 4.5 periods pass with the loop not running
+            let before = MonotonicClock.now
             loop.run(mode: .default, timeout: .zero)
+            let after = MonotonicClock.now
             #expect(fired == 1, "missed periods collapse into one firing")
-            // Next date: the first scheduled date after now, i.e. start + 5 intervals.
-            let next = timer.fireDate
-            #expect(next.nanoseconds - start.nanoseconds == 50_000_000)
+            // Next date: the first scheduled date after the firing (start + 5
+            // intervals if the sleep took 45 ms; a loaded machine oversleeps).
+            let next = timer.fireDate.nanoseconds - start.nanoseconds
+            #expect(next % 10_000_000 == 0, "next date off the schedule")
+            #expect(next >= 50_000_000)
+            #expect(start.nanoseconds + next > before.nanoseconds, "next date not after the firing")
+            #expect(start.nanoseconds + next - 10_000_000 <= after.nanoseconds, "a whole period skipped")
             timer.invalidate()
         }
     }

@@ -16,31 +16,20 @@ private final class Received: @unchecked Sendable {
     init(senders: Int) { lastSeen = [Int](repeating: -1, count: senders) }
 }
 
-/// Starts a loop thread, hands its loop to `senders`, runs the loop until
-/// `body`'s senders are done and everything they sent has run.
+/// Starts a loop thread, hands its loop to `body` (whose threads send to
+/// it), then stops the loop once everything they sent has run.
 private func withRunningLoop(
     _ kind: EventBackendKind, _ body: @escaping @Sendable (ThreadLoop) -> Void
 ) {
-    let ready = EventLog()
-    let slot = UnsafeMutablePointer<Unchecked<ThreadLoop>?>.allocate(capacity: 1)
-    slot.initialize(to: nil)
-    defer { slot.deallocate() }
-    let shared = SharedPointer(slot)
-    let slotLock = Lock()
-    let loopThread = startThread {
-        let loop = try! ThreadLoop.current(backend: kind)
-        let keep = LoopSource { _ in }
-        loop.add(keep)
-        slotLock.withLock { shared.pointer.pointee = Unchecked(loop) }
-        ready.append("ready")
+    let running = RunningLoop(kind) { loop in
         while loop.run(mode: .default, timeout: .seconds(60)) != .stopped {}
-        keep.invalidate()
+        return .stopped
     }
-    while ready.all.isEmpty { usleep(500) }
-    let loop = slotLock.withLock { shared.pointer.pointee! }.value
+    let loop = running.loop!
     body(loop)
     loop.perform { loop.stop() }
-    loopThread()
+    _ = running.join()
+    running.keep.invalidate()
 }
 
 @Suite("ThreadLoop stress")
@@ -125,5 +114,44 @@ struct ThreadLoopStressTests {
         }
         #expect(fired.all.count == 3)
     }
-}
 
+    /// Additions racing invalidation and removal on other threads: an add
+    /// either lands before the invalidation, which then takes the item out,
+    /// or finds it invalid and adds nothing. Nothing is left behind: once
+    /// the keep-alive source goes, the running loop's default mode is empty
+    /// and its run returns `.finished`.
+    @Test(arguments: availableBackends)
+    func invalidationRacingAddLeavesNothing(kind: EventBackendKind) {
+        let count = 5_000
+        let sources = (0..<count).map { _ in LoopSource { _ in } }
+        let timers = (0..<count).map { _ in LoopTimer(after: .seconds(60)) { _ in } }
+        let running = RunningLoop(kind) { loop in
+            var result = LoopRunResult.timedOut
+            let deadline = MonotonicClock.now.advanced(by: .seconds(60))
+            while result != .finished && MonotonicClock.now < deadline {
+                result = loop.run(mode: .default, timeout: .seconds(1))
+            }
+            return result
+        }
+        let loop = running.loop!
+        runThreads(3) { role in
+            for i in 0..<count {
+                switch role {
+                case 0:
+                    loop.add(sources[i], forMode: i % 2 == 0 ? .default : .common)
+                    loop.add(timers[i], forMode: i % 3 == 0 ? .common : .default)
+                    sources[i].signal()
+                case 1:
+                    sources[i].invalidate()
+                    timers[i].invalidate()
+                default:
+                    loop.remove(sources[i], forMode: .default)
+                    loop.remove(timers[i], forMode: .common)
+                }
+            }
+        }
+        running.keep.invalidate()
+        #expect(running.join() == .finished)
+        #expect(sources.allSatisfy { !$0.isValid } && timers.allSatisfy { !$0.isValid })
+    }
+}

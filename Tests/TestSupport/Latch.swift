@@ -68,15 +68,21 @@ public func processThreadCount() -> Int {
 
 /// This process's resident set size in bytes (/proc/self/statm).
 public func residentBytes() -> Int {
-    let fd = open("/proc/self/statm", O_RDONLY)
-    guard fd >= 0 else { return -1 }
+    guard let fields = procFileText("/proc/self/statm")?.split(separator: " "),
+        fields.count > 1, let pages = Int(fields[1])
+    else { return -1 }
+    return pages * sysconf(Int32(_SC_PAGESIZE))
+}
+
+/// The text of a small /proc file (at most 255 bytes), or nil.
+public func procFileText(_ path: String) -> String? {
+    let fd = open(path, O_RDONLY)
+    guard fd >= 0 else { return nil }
     defer { close(fd) }
     var buffer = [UInt8](repeating: 0, count: 256)
     let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-    guard n > 0 else { return -1 }
-    let fields = String(decoding: buffer[0..<n], as: UTF8.self).split(separator: " ")
-    guard fields.count > 1, let pages = Int(fields[1]) else { return -1 }
-    return pages * sysconf(Int32(_SC_PAGESIZE))
+    guard n > 0 else { return nil }
+    return String(decoding: buffer[0..<n], as: UTF8.self)
 }
 
 /// A mutable box shared between threads; the test orders the accesses.

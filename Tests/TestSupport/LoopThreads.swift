@@ -1,5 +1,9 @@
 import Spindle
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// The backends this process can use, for tests parameterized over both.
 public let availableBackends: [EventBackendKind] =
     EventBackends.ioUringRefusal == nil ? [.ioUring, .epoll] : [.epoll]
@@ -22,4 +26,51 @@ public final class EventLog: @unchecked Sendable {
     public func append(_ s: String) { lock.withLock { entries.append(s) } }
     public var all: [String] { lock.withLock { entries } }
     public func clear() { lock.withLock { entries.removeAll() } }
+}
+
+/// A loop running on a thread of its own, for tests that act on it from
+/// other threads. The thread makes its loop (with backend `kind`), adds
+/// `keep`, a source that keeps the default mode from being empty, hands
+/// both over, then calls `run` with the loop. `join()` waits for the thread
+/// and returns what `run` returned.
+public final class RunningLoop: @unchecked Sendable {
+    // @unchecked: `loop` and `keep` are written by the loop thread before
+    // `ready` opens and only read after; `outcome` is written by the loop
+    // thread before it exits and read after `join` has joined it.
+    public private(set) var loop: ThreadLoop!
+    public private(set) var keep: LoopSource!
+    private var outcome: LoopRunResult?
+    private let ready = Latch()
+    private var joinThread: (() -> Void)?
+
+    public init(_ kind: EventBackendKind, run: @escaping @Sendable (ThreadLoop) -> LoopRunResult) {
+        joinThread = startThread { [self] in
+            let loop = try! ThreadLoop.current(backend: kind)
+            let keep = LoopSource { _ in }
+            loop.add(keep)
+            self.loop = loop
+            self.keep = keep
+            ready.countDown()
+            outcome = run(loop)
+        }
+        ready.wait()
+    }
+
+    /// Waits for the loop thread to finish; returns what `run` returned.
+    public func join() -> LoopRunResult? {
+        joinThread?()
+        joinThread = nil
+        return outcome
+    }
+}
+
+/// Runs `body` with the read and write ends of a new pipe, closed after.
+public func withPipe<R>(_ body: (_ readEnd: Int32, _ writeEnd: Int32) throws -> R) rethrows -> R {
+    var fds: [Int32] = [0, 0]
+    precondition(pipe(&fds) == 0, "pipe failed: \(errno)")
+    defer {
+        close(fds[0])
+        close(fds[1])
+    }
+    return try body(fds[0], fds[1])
 }

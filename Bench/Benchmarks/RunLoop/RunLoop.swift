@@ -278,13 +278,17 @@ extension Duration {
 }
 
 /// Adding and removing a source and a timer, on the loop's own thread.
+/// package-benchmark may run a benchmark on any thread of the concurrency
+/// pool, so each run takes the loop of the thread it runs on: a loop taken
+/// once at registration would, on another thread, measure cross-thread
+/// additions (with a wake-up each) instead.
 let addRemoveBenchmarks: @Sendable () -> Void = {
     let settings = RunSettings(scalingFactor: .kilo, maxDuration: .seconds(1), maxIterations: 200, warmupIterations: 5,
                                extraMetrics: [], reportedMetrics: [.mallocCount])
-    let loop = ThreadLoop.current
     sideBySide(
         group: "loop.add-remove source and timer", settings: settings,
         spindle: { benchmark in
+            let loop = ThreadLoop.current
             for _ in benchmark.scaledIterations {
                 let source = LoopSource { _ in }
                 loop.add(source, forMode: .default)

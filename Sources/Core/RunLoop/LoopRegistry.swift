@@ -1,4 +1,5 @@
 import CShims
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -6,6 +7,12 @@ import Glibc
 
 /// Which loop belongs to which thread: a pthread key holding a retained
 /// loop, released (and its pending performs dropped) when the thread exits.
+///
+/// A thread's loop is installed in its slot as the thread makes it, with
+/// one exception: the main loop may be made by another thread
+/// (`ThreadLoop.main`), and then the main thread installs it the first time
+/// it looks for its own loop or asks whether it owns one. Installing also
+/// sets the thread's timer slack, which only the thread itself can do.
 enum LoopRegistry {
     private static let key: pthread_key_t = {
         var key = pthread_key_t()
@@ -22,13 +29,37 @@ enum LoopRegistry {
     nonisolated(unsafe) private static var main: ThreadLoop?
     // nonisolated(unsafe): `main` is only read or written under `mainLock`.
 
+    /// True from the main loop's creation until the main thread installs it.
+    /// Set (releasing) under `mainLock` after `main`; cleared only by the
+    /// main thread. While it is false, a thread with an empty slot owns no
+    /// loop, and `isOwner` answers without a system call.
+    private static let mainAwaitsOwner = Atomic<Bool>(false)
+
+    /// The calling thread's loop, or nil if it has none yet.
     static func currentLoop() -> ThreadLoop? {
-        guard let raw = pthread_getspecific(key) else {
-            // The main thread's loop may have been made by another thread.
-            if cshims_gettid() == getpid() { return mainLock.withLock { main }.map(install) }
-            return nil
-        }
+        guard let raw = pthread_getspecific(key) else { return adoptMainLoop() }
         return Unmanaged<ThreadLoop>.fromOpaque(raw).takeUnretainedValue()
+    }
+
+    /// Whether the calling thread owns `loop`: one `pthread_getspecific`
+    /// when the thread has a loop (an owner finds its loop in its slot). A
+    /// thread with no loop of its own is told no at once, except while the
+    /// main loop awaits the main thread, when it costs a `gettid`.
+    static func isOwner(_ loop: ThreadLoop) -> Bool {
+        if let raw = pthread_getspecific(key) { return raw == Unmanaged.passUnretained(loop).toOpaque() }
+        return adoptMainLoop() === loop
+    }
+
+    /// Called on a thread whose slot is empty: if it is the main thread and
+    /// another thread made the main loop, installs that loop and returns it;
+    /// nil otherwise.
+    private static func adoptMainLoop() -> ThreadLoop? {
+        // Acquiring: pairs with the releasing store in `mainLoop`.
+        guard mainAwaitsOwner.load(ordering: .acquiring), cshims_gettid() == getpid(),
+            let loop = mainLock.withLock({ main })
+        else { return nil }
+        mainAwaitsOwner.store(false, ordering: .relaxed)
+        return install(loop)
     }
 
     private static func install(_ loop: ThreadLoop) -> ThreadLoop {
@@ -48,19 +79,26 @@ enum LoopRegistry {
         }
     }
 
+    /// Makes the calling thread's loop, which it has not got yet, and
+    /// installs it. On the main thread that is the main loop.
     static func makeCurrent(throwing kind: EventBackendKind?) throws(SystemCallError) -> ThreadLoop {
         let tid = cshims_gettid()
-        if tid == getpid() { return mainLoop(kind: kind) }
+        if tid == getpid() {
+            let loop = mainLoop(kind: kind)
+            return adoptMainLoop() ?? loop
+        }
         let loop = ThreadLoop(backend: try EventBackends.makeBackend(kind), owner: tid)
         return install(loop)
     }
 
+    /// The main loop, made (not installed) if there is none yet.
     static func mainLoop(kind: EventBackendKind? = nil) -> ThreadLoop {
         mainLock.withLock {
             if let main { return main }
             do {
                 let loop = ThreadLoop(backend: try EventBackends.makeBackend(kind), owner: getpid())
                 main = loop
+                mainAwaitsOwner.store(true, ordering: .releasing)
                 return loop
             } catch {
                 misuse("ThreadLoop.main: cannot create the event backend: \(error)")

@@ -1,3 +1,5 @@
+import Synchronization
+
 /// An input source of a run loop, of one of two kinds:
 ///
 /// - **Custom** (the guide's custom input source): another thread hands it
@@ -14,8 +16,12 @@
 /// several modes of several loops. Thread-safe: `signal()`, `invalidate()`
 /// and adding or removing it work from any thread, and wake the loops
 /// concerned (a system call only when a loop is asleep).
+///
+/// Memory: a source is one object plus its lock (two heap blocks); the
+/// signal flag lives in the object itself.
 public final class LoopSource: @unchecked Sendable {
-    // @unchecked: mutable state is guarded by `lock` or is an atomic word.
+    // @unchecked: `state` is guarded by `lock`, `signaled` is atomic, and
+    // everything else is immutable.
 
     /// Which kind of source this is.
     public enum Kind: Sendable, Hashable {
@@ -32,11 +38,60 @@ public final class LoopSource: @unchecked Sendable {
     let onPerform: ((LoopSource) -> Void)?
     let onReady: ((LoopSource, Readiness) -> Void)?
 
-    let lock = Lock()
-    private var _valid = true
-    /// Loops the source is added to (weakly: a source does not keep a loop alive).
-    private var loops: [WeakLoop] = []
-    private let signaled = UnsafeMutablePointer<UInt32>.allocate(capacity: 1)
+    /// Held briefly, never while calling out; a loop takes it while holding
+    /// its own lock (loop first, then source), never the other way round.
+    private let lock = Lock()
+    /// Guarded by `lock`.
+    private var state = State()
+    /// Set by `signal()`, cleared by the loop as it performs.
+    private let signaled = Atomic<Bool>(false)
+
+    /// Whether the source is valid, and the loops whose modes hold it, each
+    /// with how many of its modes do. A loop changes its own record only
+    /// under its lock (`join`, `leave`), so the record is there exactly
+    /// while one of the loop's modes holds the source; invalidation leaves
+    /// the records to the loops. The first record is inline: most sources
+    /// live in one loop.
+    private struct State {
+        struct Record {
+            let identity: LoopIdentity
+            var modes: Int
+        }
+        var valid = true
+        var first: Record?
+        var more: [Record] = []
+
+        mutating func join(_ loop: LoopIdentity, modes count: Int) -> Bool {
+            guard valid else { return false }
+            guard count > 0 else { return true }
+            if first?.identity === loop {
+                first!.modes += count
+            } else if let i = more.firstIndex(where: { $0.identity === loop }) {
+                more[i].modes += count
+            } else if first == nil || first!.identity.loop == nil {
+                // A record whose loop is gone can go: no loop would remove it.
+                first = Record(identity: loop, modes: count)
+            } else {
+                more.removeAll { $0.identity.loop == nil }
+                more.append(Record(identity: loop, modes: count))
+            }
+            return true
+        }
+
+        mutating func leave(_ loop: LoopIdentity, modes count: Int) -> Bool {
+            if first?.identity === loop {
+                first!.modes -= count
+                guard first!.modes <= 0 else { return false }
+                first = more.isEmpty ? nil : more.removeFirst()
+                return true
+            }
+            guard let i = more.firstIndex(where: { $0.identity === loop }) else { return true }
+            more[i].modes -= count
+            guard more[i].modes <= 0 else { return false }
+            more.remove(at: i)
+            return true
+        }
+    }
 
     /// A custom source. `perform` runs on the loop thread after `signal()`;
     /// `schedule` and `cancel` run on the thread that adds or removes it.
@@ -52,7 +107,6 @@ public final class LoopSource: @unchecked Sendable {
         onCancel = cancel
         onPerform = perform
         onReady = nil
-        signaled.initialize(to: 0)
     }
 
     /// A descriptor source: `handler` runs on the loop thread each time `fd`
@@ -73,60 +127,68 @@ public final class LoopSource: @unchecked Sendable {
         onCancel = nil
         onPerform = nil
         onReady = handler
-        signaled.initialize(to: 0)
     }
 
-    deinit { signaled.deallocate() }
+    /// Whether the source can still fire. Takes the source's lock briefly.
+    public var isValid: Bool { lock.withLock { state.valid } }
 
-    /// Whether the source can still fire.
-    public var isValid: Bool { lock.withLock { _valid } }
+    /// Whether the source is signalled and waiting for its loop. Never
+    /// blocks. Acquiring: pairs with `signal()`.
+    public var isSignaled: Bool { signaled.load(ordering: .acquiring) }
 
-    /// Whether the source is signalled and waiting for its loop.
-    public var isSignaled: Bool { AtomicMemory.load(from: signaled, ordering: .acquiring) != 0 }
+    /// Whether this is a descriptor source.
+    var isDescriptor: Bool {
+        if case .descriptor = kind { return true }
+        return false
+    }
 
     /// Marks a custom source ready to perform and wakes every loop it is on.
-    /// Any thread; never blocks. Releasing: what the caller wrote before is
-    /// visible to `perform`. Signalling twice before the loop runs performs
-    /// once.
+    /// Any thread; never blocks (beyond the source's lock, held for two
+    /// loads). Releasing: what the caller wrote before is visible to
+    /// `perform`. Signalling twice before the loop runs performs once. A
+    /// precondition failure on a descriptor source.
     public func signal() {
         require(kind == .custom, "LoopSource.signal(): only custom sources are signalled (descriptor sources are signalled by the kernel)")
-        AtomicMemory.store(1, to: signaled, ordering: .releasing)
-        for loop in lock.withLock({ loops.compactMap(\.loop) }) { loop.wakeUp() }
+        // Pairs with the acquiring exchange in `consumeSignal()`.
+        signaled.store(true, ordering: .releasing)
+        let (first, more) = lock.withLock { (state.first?.identity, state.more) }
+        first?.loop?.wakeUp()
+        for m in more { m.identity.loop?.wakeUp() }
     }
 
-    /// Clears the signal; true if it was set. Acquiring. Loop thread.
+    /// Clears the signal; true if it was set. Acquiring: pairs with
+    /// `signal()`. Loop thread.
     func consumeSignal() -> Bool {
-        AtomicMemory.load(from: signaled, ordering: .relaxed) != 0
-            && AtomicMemory.exchange(0, at: signaled, ordering: .acquiring) != 0
+        // The relaxed load keeps an unsignalled source off the cache line's
+        // exclusive state on every pass.
+        signaled.load(ordering: .relaxed) && signaled.exchange(false, ordering: .acquiring)
     }
 
     /// Removes the source from every mode of every loop (calling `cancel`
-    /// for each) and stops it for good. Any thread.
+    /// for each) and stops it for good: it cannot be added again. Any
+    /// thread; takes each loop's lock in turn, never two at once. Calling it
+    /// again does nothing.
     public func invalidate() {
-        let attached: [ThreadLoop] = lock.withLock {
-            guard _valid else { return [] }
-            _valid = false
-            defer { loops.removeAll() }
-            return loops.compactMap(\.loop)
+        let (first, more): (LoopIdentity?, [State.Record]) = lock.withLock {
+            guard state.valid else { return (nil, []) }
+            state.valid = false
+            return (state.first?.identity, state.more)
         }
-        for loop in attached { loop.removeEverywhere(self) }
+        first?.loop?.removeEverywhere(self)
+        for m in more { m.identity.loop?.removeEverywhere(self) }
     }
 
-    func attach(_ loop: ThreadLoop) -> Bool {
-        lock.withLock {
-            guard _valid else { return false }
-            loops.removeAll { $0.loop == nil }
-            if !loops.contains(where: { $0.loop === loop }) { loops.append(WeakLoop(loop)) }
-            return true
-        }
+    /// Records that `count` more of `loop`'s modes hold the source. Called
+    /// with `loop`'s lock held, before the loop adds it to those modes.
+    /// Returns false, recording nothing, if the source was invalidated: the
+    /// loop must not add it then.
+    func join(_ loop: LoopIdentity, modes count: Int = 1) -> Bool {
+        lock.withLock { state.join(loop, modes: count) }
     }
 
-    func detach(_ loop: ThreadLoop) {
-        lock.withLock { loops.removeAll { $0.loop == nil || $0.loop === loop } }
+    /// Records that `count` fewer of `loop`'s modes hold the source. Called
+    /// with `loop`'s lock held. Returns whether none of them does any more.
+    func leave(_ loop: LoopIdentity, modes count: Int = 1) -> Bool {
+        lock.withLock { state.leave(loop, modes: count) }
     }
-}
-
-struct WeakLoop {
-    weak var loop: ThreadLoop?
-    init(_ loop: ThreadLoop) { self.loop = loop }
 }

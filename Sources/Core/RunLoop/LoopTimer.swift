@@ -1,3 +1,5 @@
+import Synchronization
+
 /// A timer source: its handler runs on a loop's thread at its fire date, and
 /// for a repeating timer at every `interval` after it.
 ///
@@ -10,10 +12,17 @@
 /// A timer belongs to at most one loop (adding it to a second is a
 /// precondition failure) but may be in several of that loop's modes; it fires
 /// only while the loop runs in one of them. Thread-safe: `invalidate()` and
-/// the properties may be used from any thread; after `invalidate()` returns
-/// the handler does not start again.
+/// the properties may be used from any thread (the properties never block;
+/// `invalidate()` takes the loop's lock briefly). Once `invalidate()` has
+/// returned the loop starts no new firing; if another thread invalidates the
+/// timer just as the loop thread begins a firing, that firing's handler may
+/// still run.
+///
+/// Memory: a timer is a single heap object; its state is atomic words
+/// inside it, with no lock.
 public final class LoopTimer: @unchecked Sendable {
-    // @unchecked: mutable state is guarded by `lock`.
+    // @unchecked: the mutable state is three atomics; everything else is
+    // immutable.
 
     /// The time between firings of a repeating timer; nil for a one-shot.
     public let interval: Duration?
@@ -23,14 +32,15 @@ public final class LoopTimer: @unchecked Sendable {
     /// Identifies the object on whose behalf a delayed perform was queued.
     let target: ObjectIdentifier?
 
-    let lock = Lock()
-    private var _fireDate: MonotonicClock.Instant
-    private var _valid = true
-    /// The loop it was added to (weak: the timer does not keep it alive).
-    weak var loop: ThreadLoop?
-    /// The serial number of the first loop it was added to, kept after that
-    /// loop is gone, so it can never join another.
-    var loopSerial: UInt64?
+    /// Cleared once, by `invalidate()` or by a one-shot's firing.
+    private let valid = Atomic<Bool>(true)
+    /// The next fire date, in nanoseconds on the monotonic clock. Written
+    /// only by the owning loop's thread as it fires the timer.
+    private let nextFire: Atomic<Int64>
+    /// The loop the timer belongs to, set by the first `add` and never
+    /// changed; holds one retain of the identity, released in deinit. The
+    /// identity outlives its loop, so a timer can never join another loop.
+    private let owner = Atomic<Unmanaged<LoopIdentity>?>(nil)
 
     /// A timer first firing at `fireDate`, then every `interval` if given.
     /// `interval` must be positive and `tolerance` non-negative: otherwise a
@@ -47,7 +57,7 @@ public final class LoopTimer: @unchecked Sendable {
         self.tolerance = tolerance
         self.handler = handler
         self.target = nil
-        _fireDate = fireDate
+        nextFire = Atomic(fireDate.nanoseconds)
     }
 
     /// A timer firing `delay` from now (and every `interval` after, if given).
@@ -64,45 +74,73 @@ public final class LoopTimer: @unchecked Sendable {
         tolerance = .zero
         self.handler = handler
         self.target = target
-        _fireDate = fireDate
+        nextFire = Atomic(fireDate.nanoseconds)
     }
 
-    /// When the timer fires next.
-    public var fireDate: MonotonicClock.Instant { lock.withLock { _fireDate } }
+    deinit { owner.load(ordering: .relaxed)?.release() }
 
-    /// Whether the timer can still fire.
-    public var isValid: Bool { lock.withLock { _valid } }
+    /// When the timer fires next. Never blocks; a snapshot (the loop thread
+    /// moves a repeating timer's date as it fires).
+    public var fireDate: MonotonicClock.Instant {
+        MonotonicClock.Instant(nanoseconds: nextFire.load(ordering: .relaxed))
+    }
 
-    /// Stops the timer for good and takes it off its loop. Any thread; never
-    /// blocks beyond a short lock.
+    /// Whether the timer can still fire. Never blocks. Acquiring: pairs with
+    /// `invalidate()`.
+    public var isValid: Bool { valid.load(ordering: .acquiring) }
+
+    /// Stops the timer for good and takes it off its loop, waking the loop
+    /// if called from another thread. Any thread; never blocks beyond the
+    /// loop's lock. Calling it again does nothing.
     public func invalidate() {
-        let owner: ThreadLoop? = lock.withLock {
-            guard _valid else { return nil }
-            _valid = false
-            return loop
-        }
-        owner?.timerInvalidated(self)
+        // Sequentially consistent with `owner` and with `isValidForAdd`:
+        // either this call sees the owner that an `add` set, and removes the
+        // timer from that loop after the add, or the add sees the timer
+        // invalid and does not insert it. Never both missed.
+        guard valid.exchange(false, ordering: .sequentiallyConsistent) else { return }
+        owner.load(ordering: .sequentiallyConsistent)?.takeUnretainedValue().loop?.timerInvalidated(self)
     }
+
+    /// Makes the timer belong to `loop`, on its first `add`; later adds must
+    /// come from the same loop (a precondition failure otherwise).
+    func claim(for loop: LoopIdentity) {
+        let mine = Unmanaged.passUnretained(loop)
+        var current = owner.load(ordering: .sequentiallyConsistent)
+        if current == nil {
+            let retained = mine.retain()
+            let (exchanged, found) = owner.compareExchange(
+                expected: nil, desired: retained, ordering: .sequentiallyConsistent)
+            if exchanged { return }
+            retained.release()
+            current = found
+        }
+        require(
+            current?.toOpaque() == mine.toOpaque(),
+            "ThreadLoop.add(_:forMode:): this LoopTimer already belongs to another loop")
+    }
+
+    /// `isValid` for `ThreadLoop.add`, read under the loop's lock after
+    /// `claim`: sequentially consistent, pairing with `invalidate()`.
+    var isValidForAdd: Bool { valid.load(ordering: .sequentiallyConsistent) }
 
     /// Called by the loop as it fires the timer: computes the next date on
     /// the schedule after `now` (or invalidates a one-shot). Returns whether
-    /// the handler should run.
+    /// the handler should run. Owning loop's thread only.
     func beginFiring(now: MonotonicClock.Instant) -> Bool {
-        lock.withLock {
-            guard _valid else { return false }
-            if let interval {
-                // First scheduled date after now: missed periods collapse into this firing.
-                let step = interval.nanosecondsSaturating
-                let late = now.nanoseconds &- _fireDate.nanoseconds
-                let periods = late >= 0 ? late / step + 1 : 1
-                _fireDate = MonotonicClock.Instant(nanoseconds: _fireDate.nanoseconds &+ periods &* step)
-            } else {
-                _valid = false
-            }
-            return true
+        guard let interval else {
+            // One-shot: firing and `invalidate()` race for the flag; one wins.
+            return valid.exchange(false, ordering: .acquiringAndReleasing)
         }
+        guard valid.load(ordering: .acquiring) else { return false }
+        // First scheduled date after now: missed periods collapse into this firing.
+        let step = interval.nanosecondsSaturating
+        let date = nextFire.load(ordering: .relaxed)
+        let late = now.nanoseconds &- date
+        let periods = late >= 0 ? late / step + 1 : 1
+        nextFire.store(date &+ periods &* step, ordering: .relaxed)
+        return true
     }
 
     /// The latest moment the loop may wake for this timer.
-    var wakeDeadline: MonotonicClock.Instant { lock.withLock { _fireDate.advanced(by: tolerance) } }
+    var wakeDeadline: MonotonicClock.Instant { fireDate.advanced(by: tolerance) }
 }

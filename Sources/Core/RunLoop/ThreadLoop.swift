@@ -33,16 +33,12 @@ public final class ThreadLoop: @unchecked Sendable {
     public let backend: any EventBackend
     /// The kernel thread id of the thread that owns (runs) the loop.
     public let ownerThreadID: Int32
-    /// Unique per loop for the life of the process (addresses are reused).
-    let serial: UInt64 = ThreadLoop.nextSerial()
-
-    private static let serials = SerialCounter()
-    private static func nextSerial() -> UInt64 { serials.next() }
+    /// Names this loop to the sources and timers in it; outlives the loop.
+    let identity: LoopIdentity
 
     let lock = Lock()
-    private var modes: [LoopMode: ModeItems] = [:]
-    private var commonModeSet: Set<LoopMode> = [.default]
-    private var common = ModeItems()
+    /// The modes and their items. Guarded by `lock`.
+    private var table: LoopModeTable
     private var performs: [PendingPerform] = []
     private var descriptors: [UInt64: DescriptorState] = [:]
     private var descriptorTokens: [ObjectIdentifier: UInt64] = [:]
@@ -56,24 +52,6 @@ public final class ThreadLoop: @unchecked Sendable {
     /// Run state (owner thread only).
     private var readyEvents: [ReadyEvent] = []
     private var runDepth = 0
-
-    struct ModeItems {
-        var sources: [LoopSource] = []
-        var timers: [LoopTimer] = []
-        var observers: [LoopObserver] = []
-        var isEmpty: Bool { sources.isEmpty && timers.isEmpty }
-
-        /// Inserts keeping `order` (stable: equal orders stay in the order added).
-        mutating func insert(_ source: LoopSource) {
-            let i = sources.firstIndex { $0.order > source.order } ?? sources.endIndex
-            sources.insert(source, at: i)
-        }
-
-        mutating func insert(_ observer: LoopObserver) {
-            let i = observers.firstIndex { $0.order > observer.order } ?? observers.endIndex
-            observers.insert(observer, at: i)
-        }
-    }
 
     struct DescriptorState {
         let source: LoopSource
@@ -92,7 +70,11 @@ public final class ThreadLoop: @unchecked Sendable {
     init(backend: any EventBackend, owner: Int32) {
         self.backend = backend
         self.ownerThreadID = owner
+        identity = LoopIdentity()
+        table = LoopModeTable(for: identity)
         stopFlag.initialize(to: 0)
+        // Before the loop is shared: from here on `identity.loop` is only read.
+        identity.loop = self
     }
 
     deinit {
@@ -122,201 +104,171 @@ public final class ThreadLoop: @unchecked Sendable {
         return try LoopRegistry.makeCurrent(throwing: kind)
     }
 
-    /// The main thread's loop.
+    /// The main thread's loop. Any thread may make it. The main thread takes
+    /// it up the first time it asks for `current` or touches this loop in a
+    /// way that checks `isCurrent` (adding, removing, running: so always
+    /// before its first sleep); only then, on that thread, is the 1 ns timer
+    /// slack of loop threads set.
     public static var main: ThreadLoop { LoopRegistry.mainLoop() }
 
-    /// Whether the calling thread owns this loop.
-    public var isCurrent: Bool { cshims_gettid() == ownerThreadID }
+    /// Whether the calling thread owns this loop. Never blocks and, on a
+    /// thread that has a loop, makes no system call (see `LoopRegistry`).
+    public var isCurrent: Bool { LoopRegistry.isOwner(self) }
 
     // MARK: - Modes
 
     /// The modes in the common-modes set (initially `[.default]`).
-    public var commonModes: Set<LoopMode> { lock.withLock { commonModeSet } }
+    public var commonModes: Set<LoopMode> { lock.withLock { table.commonModes } }
 
     /// Adds `mode` to the common-modes set: it gets every item added to
-    /// `.common`, now and later. Any thread.
+    /// `.common`, now and later, and those sources' `schedule` callbacks run
+    /// for it, on the calling thread. Any thread; wakes the loop.
     public func addCommonMode(_ mode: LoopMode) {
         require(mode != .common, "ThreadLoop.addCommonMode: `.common` is the set itself, not a mode")
-        var scheduled: [LoopSource] = []
-        lock.withLock {
-            guard commonModeSet.insert(mode).inserted else { return }
-            var items = modes[mode, default: ModeItems()]
-            for s in common.sources where !items.sources.contains(where: { $0 === s }) {
-                items.sources.append(s)
-                scheduled.append(s)
-            }
-            for t in common.timers where !items.timers.contains(where: { $0 === t }) { items.timers.append(t) }
-            for o in common.observers where !items.observers.contains(where: { $0 === o }) { items.observers.append(o) }
-            items.sources.sort { $0.order < $1.order }
-            items.observers.sort { $0.order < $1.order }
-            modes[mode] = items
-        }
+        let scheduled = lock.withLock { table.addCommonMode(mode) } ?? []
         for s in scheduled { s.onSchedule?(self, mode) }
         if !isCurrent { wakeUp() }
-    }
-
-    /// The concrete modes an addition to `mode` reaches.
-    private func expand(_ mode: LoopMode) -> [LoopMode] {
-        mode == .common ? Array(commonModeSet) : [mode]
     }
 
     // MARK: - Sources
 
     /// Adds `source` to `mode` (or every common mode for `.common`) and calls
-    /// its `schedule` callback for each mode it joined. Any thread; wakes the
-    /// loop. Adding it again is a no-op; an invalidated source is ignored.
+    /// its `schedule` callback, on the calling thread, for each mode it
+    /// joined. Any thread; wakes the loop if called from another thread.
+    /// Adding it again is a no-op; an invalidated source is ignored. Takes
+    /// the loop's lock, and within it the source's, briefly; allocates
+    /// nothing for one mode once the mode's array has room. The loop's lock
+    /// orders it: what the caller wrote before is visible to the loop thread
+    /// when it fires the source.
     public func add(_ source: LoopSource, forMode mode: LoopMode = .default) {
-        guard source.attach(self) else { return }
-        var joined: [LoopMode] = []
-        var arm = false
-        lock.withLock {
-            if mode == .common {
-                if !common.sources.contains(where: { $0 === source }) { common.sources.append(source) }
-            }
-            for m in expand(mode) {
-                // Mutated in place through the subscript: copying the items
-                // out and back would copy their arrays on every add.
-                guard !(modes[m]?.sources.contains { $0 === source } ?? false) else { continue }
-                modes[m, default: ModeItems()].insert(source)
-                joined.append(m)
-            }
-            if case .descriptor(let fd, let interest) = source.kind, descriptorTokens[ObjectIdentifier(source)] == nil {
-                let token = nextToken
-                nextToken += 1
-                descriptorTokens[ObjectIdentifier(source)] = token
-                descriptors[token] = DescriptorState(source: source, fd: fd, interest: interest)
-                pendingArm.append(token)
-                arm = true
-            }
+        let joined = lock.withLock {
+            let joined = table.insert(source, in: mode)
+            if !joined.isEmpty { watchDescriptor(source) }
+            return joined
         }
-        for m in joined { source.onSchedule?(self, m) }
-        // The owner thread is not asleep: no wake-up, just arm now.
+        guard !joined.isEmpty else { return }
+        joined.forEach { source.onSchedule?(self, $0) }
+        sourcesChanged(descriptor: source.isDescriptor)
+    }
+
+    /// Removes `source` from `mode` (or from `.common` and every common mode)
+    /// and calls its `cancel` callback, on the calling thread, for each mode
+    /// it left. Removing a source that is not there is a no-op. Any thread;
+    /// wakes the loop if called from another thread.
+    public func remove(_ source: LoopSource, forMode mode: LoopMode = .default) {
+        let left = lock.withLock {
+            let (left, leftLoop) = table.remove(source, from: mode)
+            if leftLoop { forgetDescriptor(source) }
+            return left
+        }
+        cancelled(source, in: left)
+    }
+
+    /// Removes `source` from every mode and from `.common` (invalidation),
+    /// calling `cancel` for each mode it left.
+    func removeEverywhere(_ source: LoopSource) {
+        let left = lock.withLock {
+            let left = table.removeEverywhere(source)
+            if !left.isEmpty { forgetDescriptor(source) }
+            return left
+        }
+        cancelled(source, in: left)
+    }
+
+    /// After `source` left the modes `left`: its `cancel` callbacks, then
+    /// the loop learns of the change.
+    private func cancelled(_ source: LoopSource, in left: ChangedModes) {
+        guard !left.isEmpty else { return }
+        left.forEach { source.onCancel?(self, $0) }
+        sourcesChanged(descriptor: source.isDescriptor)
+    }
+
+    /// After a source joined or left a mode: the owner applies descriptor
+    /// changes at once (it is not asleep); another thread wakes the loop so
+    /// that its next pass sees the change.
+    private func sourcesChanged(descriptor: Bool) {
         if isCurrent {
-            if arm { applyPendingChanges() }
+            if descriptor { applyPendingChanges() }
         } else {
             wakeUp()
         }
     }
 
-    /// Removes `source` from `mode` (or from `.common` and every common mode)
-    /// and calls its `cancel` callback for each mode it left. Removing a
-    /// source that was never added is a no-op. Any thread.
-    public func remove(_ source: LoopSource, forMode mode: LoopMode = .default) {
-        var left: [LoopMode] = []
-        lock.withLock {
-            if mode == .common { common.sources.removeAll { $0 === source } }
-            for m in expand(mode) {
-                guard let i = modes[m]?.sources.firstIndex(where: { $0 === source }) else { continue }
-                modes[m]!.sources.remove(at: i)
-                left.append(m)
-            }
-            forgetDescriptorIfUnused(source)
-        }
-        if !modes(containing: source) { source.detach(self) }
-        for m in left { source.onCancel?(self, m) }
-        if isCurrent { applyPendingChanges() } else { wakeUp() }
+    /// Starts watching a descriptor source's descriptor, once per loop
+    /// (armed by the owner at its next `applyPendingChanges`); nothing for a
+    /// custom source. Under `lock`.
+    private func watchDescriptor(_ source: LoopSource) {
+        guard case .descriptor(let fd, let interest) = source.kind,
+            descriptorTokens[ObjectIdentifier(source)] == nil
+        else { return }
+        let token = nextToken
+        nextToken += 1
+        descriptorTokens[ObjectIdentifier(source)] = token
+        descriptors[token] = DescriptorState(source: source, fd: fd, interest: interest)
+        pendingArm.append(token)
     }
 
-    /// Removes `source` from every mode (invalidation).
-    func removeEverywhere(_ source: LoopSource) {
-        var left: [LoopMode] = []
-        lock.withLock {
-            common.sources.removeAll { $0 === source }
-            for m in modes.keys {
-                guard let i = modes[m]?.sources.firstIndex(where: { $0 === source }) else { continue }
-                modes[m]!.sources.remove(at: i)
-                left.append(m)
-            }
-            forgetDescriptorIfUnused(source)
-        }
-        for m in left { source.onCancel?(self, m) }
-        if isCurrent { applyPendingChanges() } else { wakeUp() }
-    }
-
-    private func modes(containing source: LoopSource) -> Bool {
-        lock.withLock { modes.values.contains { $0.sources.contains { $0 === source } } }
-    }
-
-    /// Drops a descriptor source's token once no mode holds it. Under `lock`.
-    private func forgetDescriptorIfUnused(_ source: LoopSource) {
-        guard let token = descriptorTokens[ObjectIdentifier(source)] else { return }
-        guard !modes.values.contains(where: { $0.sources.contains { $0 === source } }) else { return }
-        descriptorTokens[ObjectIdentifier(source)] = nil
+    /// Stops watching a descriptor source's descriptor, once no mode holds
+    /// the source; nothing for a custom source. Under `lock`.
+    private func forgetDescriptor(_ source: LoopSource) {
+        guard source.isDescriptor, let token = descriptorTokens.removeValue(forKey: ObjectIdentifier(source))
+        else { return }
         if let state = descriptors.removeValue(forKey: token), state.armed {
             pendingDisarm.append((state.fd, token))
         }
         pendingArm.removeAll { $0 == token }
     }
 
-    /// Whether `source` is in `mode`.
+    /// Whether `source` is in `mode` (for `.common`: was added to `.common`
+    /// and not removed from it). Takes the loop's lock briefly.
     public func contains(_ source: LoopSource, inMode mode: LoopMode) -> Bool {
-        lock.withLock {
-            mode == .common
-                ? common.sources.contains { $0 === source }
-                : modes[mode]?.sources.contains { $0 === source } ?? false
-        }
+        lock.withLock { table.contains(source, inMode: mode) }
     }
 
     // MARK: - Timers
 
     /// Adds `timer` to `mode` (or every common mode). A timer belongs to one
-    /// loop: adding it to a second loop is a precondition failure. Adding an
-    /// invalidated timer is a no-op. Any thread; wakes the loop.
+    /// loop: adding it to a second loop is a precondition failure, even after
+    /// the first is gone. Adding an invalidated timer is a no-op. Any thread;
+    /// wakes the loop if called from another thread. Takes the loop's lock
+    /// briefly; allocates nothing for one mode once its array has room. The
+    /// loop's lock orders it: what the caller wrote before is visible to the
+    /// handler.
     public func add(_ timer: LoopTimer, forMode mode: LoopMode = .default) {
-        timer.lock.withLock {
-            if let owner = timer.loopSerial {
-                require(owner == serial, "ThreadLoop.add(_:forMode:): this LoopTimer already belongs to another loop")
-            }
-            timer.loopSerial = serial
-            timer.loop = self
-        }
-        guard timer.isValid else { return }
+        timer.claim(for: identity)
         lock.withLock {
-            if mode == .common, !common.timers.contains(where: { $0 === timer }) { common.timers.append(timer) }
-            for m in expand(mode) where !(modes[m]?.timers.contains { $0 === timer } ?? false) {
-                modes[m, default: ModeItems()].timers.append(timer)
-            }
+            // Checked under the lock, after the claim: see LoopTimer.invalidate().
+            if timer.isValidForAdd { table.insert(timer, in: mode) }
         }
         if !isCurrent { wakeUp() }
     }
 
-    /// Removes `timer` from `mode` without invalidating it. A no-op if it was
-    /// not there. Any thread.
+    /// Removes `timer` from `mode` (or from `.common` and every common mode)
+    /// without invalidating it. A no-op if it was not there. Any thread.
     public func remove(_ timer: LoopTimer, forMode mode: LoopMode = .default) {
-        lock.withLock {
-            if mode == .common { common.timers.removeAll { $0 === timer } }
-            for m in expand(mode) { modes[m]?.timers.removeAll { $0 === timer } }
-        }
+        lock.withLock { table.remove(timer, from: mode) }
     }
 
-    /// Called by `LoopTimer.invalidate()`: drop it from every mode.
+    /// Called by `LoopTimer.invalidate()` and after a one-shot fired: drop
+    /// it from every mode.
     func timerInvalidated(_ timer: LoopTimer) {
-        lock.withLock {
-            common.timers.removeAll { $0 === timer }
-            for m in modes.keys { modes[m]?.timers.removeAll { $0 === timer } }
-        }
+        lock.withLock { table.removeEverywhere(timer) }
         if !isCurrent { wakeUp() }
     }
 
     // MARK: - Observers
 
-    /// Adds `observer` to `mode` (or every common mode). Any thread.
+    /// Adds `observer` to `mode` (or every common mode). Adding it again, or
+    /// adding an invalidated observer, is a no-op. Any thread.
     public func add(_ observer: LoopObserver, forMode mode: LoopMode = .default) {
         guard observer.isValid else { return }
-        lock.withLock {
-            if mode == .common, !common.observers.contains(where: { $0 === observer }) { common.observers.append(observer) }
-            for m in expand(mode) where !(modes[m]?.observers.contains { $0 === observer } ?? false) {
-                modes[m, default: ModeItems()].insert(observer)
-            }
-        }
+        lock.withLock { table.insert(observer, in: mode) }
     }
 
-    /// Removes `observer` from `mode`; a no-op if it was not there.
+    /// Removes `observer` from `mode` (or from `.common` and every common
+    /// mode); a no-op if it was not there. Any thread.
     public func remove(_ observer: LoopObserver, forMode mode: LoopMode = .default) {
-        lock.withLock {
-            if mode == .common { common.observers.removeAll { $0 === observer } }
-            for m in expand(mode) { modes[m]?.observers.removeAll { $0 === observer } }
-        }
+        lock.withLock { table.remove(observer, from: mode) }
     }
 
     // MARK: - Waking and stopping
@@ -432,20 +384,16 @@ public final class ThreadLoop: @unchecked Sendable {
     /// Whether `mode` has no sources, no valid timers and no performs.
     func isEmpty(_ mode: LoopMode) -> Bool {
         lock.withLock {
-            if let items = modes[mode] {
+            if let items = table.items(in: mode) {
                 if !items.sources.isEmpty { return false }
                 if items.timers.contains(where: { $0.isValid }) { return false }
             }
-            return !performs.contains { $0.matches(mode, commonModeSet) }
+            return !performs.contains { $0.matches(mode, table.commonModes) }
         }
     }
 
     private func notify(_ activity: LoopActivity, _ mode: LoopMode) {
-        let observers: [LoopObserver] = lock.withLock {
-            guard modes[mode]?.observers.isEmpty == false else { return [] }
-            modes[mode]!.observers.removeAll { !$0.isValid }
-            return modes[mode]!.observers.filter { $0.activities.contains(activity) }
-        }
+        let observers = lock.withLock { table.observers(in: mode, watching: activity) }
         for o in observers where o.isValid {
             if !o.repeats { o.invalidate() }
             o.handler(o, activity)
@@ -460,7 +408,7 @@ public final class ThreadLoop: @unchecked Sendable {
             var taken: [PendingPerform] = []
             var kept: [PendingPerform] = []
             for p in performs {
-                if p.matches(mode, commonModeSet) { taken.append(p) } else { kept.append(p) }
+                if p.matches(mode, table.commonModes) { taken.append(p) } else { kept.append(p) }
             }
             performs = kept
             return taken
@@ -473,7 +421,7 @@ public final class ThreadLoop: @unchecked Sendable {
     }
 
     private func fireSignaledSources(_ mode: LoopMode, stopAfterOne: Bool) -> Bool {
-        let sources: [LoopSource] = lock.withLock { modes[mode]?.sources.filter { $0.kind == .custom } ?? [] }
+        let sources: [LoopSource] = lock.withLock { table.items(in: mode)?.sources.filter { $0.kind == .custom } ?? [] }
         var handled = false
         for s in sources where s.consumeSignal() {
             guard s.isValid else { continue }
@@ -485,7 +433,7 @@ public final class ThreadLoop: @unchecked Sendable {
     }
 
     private func nextTimerDeadline(_ mode: LoopMode) -> MonotonicClock.Instant {
-        let timers: [LoopTimer] = lock.withLock { modes[mode]?.timers ?? [] }
+        let timers: [LoopTimer] = lock.withLock { table.items(in: mode)?.timers ?? [] }
         var earliest = MonotonicClock.Instant.distantFuture
         for t in timers where t.isValid {
             let d = t.wakeDeadline
@@ -497,7 +445,7 @@ public final class ThreadLoop: @unchecked Sendable {
     private func fireDueTimers(_ mode: LoopMode) {
         let now = MonotonicClock.now
         let due: [LoopTimer] = lock.withLock {
-            (modes[mode]?.timers ?? []).filter { $0.isValid && $0.fireDate <= now }
+            (table.items(in: mode)?.timers ?? []).filter { $0.isValid && $0.fireDate <= now }
         }.sorted { $0.fireDate < $1.fireDate }
         for t in due where t.beginFiring(now: now) {
             t.handler(t)
@@ -519,15 +467,16 @@ public final class ThreadLoop: @unchecked Sendable {
 
     private func hasReadyDescriptor(_ mode: LoopMode) -> Bool {
         lock.withLock {
-            descriptors.values.contains { state in
-                !state.pending.isEmpty && (modes[mode]?.sources.contains { $0 === state.source } ?? false)
+            guard let items = table.items(in: mode) else { return false }
+            return descriptors.values.contains { state in
+                !state.pending.isEmpty && items.sources.containsIdentical(state.source)
             }
         }
     }
 
     private func fireReadyDescriptors(_ mode: LoopMode, stopAfterOne: Bool) -> Bool {
         let ready: [(UInt64, LoopSource, Readiness)] = lock.withLock {
-            guard let items = modes[mode] else { return [] }
+            guard let items = table.items(in: mode) else { return [] }
             var out: [(UInt64, LoopSource, Readiness)] = []
             for s in items.sources {
                 guard let token = descriptorTokens[ObjectIdentifier(s)], var state = descriptors[token], !state.pending.isEmpty
@@ -626,7 +575,7 @@ public final class ThreadLoop: @unchecked Sendable {
         let id = ObjectIdentifier(target)
         let timers: [LoopTimer] = lock.withLock {
             var all: [LoopTimer] = []
-            for items in modes.values { all += items.timers.filter { $0.target == id } }
+            for items in table.modes { all += items.timers.filter { $0.target == id } }
             return all
         }
         for t in timers { t.invalidate() }
@@ -673,13 +622,15 @@ final class PerformCompletion: @unchecked Sendable {
     }
 }
 
-/// A process-wide counter handing out unique numbers.
-final class SerialCounter: @unchecked Sendable {
-    // @unchecked: the word is only accessed atomically and never freed.
-    private let word: UnsafeMutablePointer<UInt64> = {
-        let p = UnsafeMutablePointer<UInt64>.allocate(capacity: 1)
-        p.initialize(to: 0)
-        return p
-    }()
-    func next() -> UInt64 { AtomicMemory.increment(word, ordering: .relaxed) }
+/// A loop's identity for the sources and timers in it. It holds the loop
+/// weakly and may outlive it: a timer keeps its loop's identity, so it is
+/// told apart from every other loop's even after its loop is gone, and a
+/// source records the loops that hold it by their identities.
+final class LoopIdentity: @unchecked Sendable {
+    // @unchecked: `loop` is written once, in the loop's init, before the
+    // identity is reachable from any other thread; after that it is only
+    // read, and a weak load is safe against the loop's deallocation.
+
+    /// The loop, while it exists.
+    weak var loop: ThreadLoop?
 }
