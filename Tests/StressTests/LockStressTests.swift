@@ -77,29 +77,29 @@ struct LockStressTests {
     @Test func waitersAreNotStarvedByBargingHolders() {
         let lock = Lock()
         let counter = Protected()
-        let waitersDone = Unchecked(UnsafeMutablePointer<UInt32>.allocate(capacity: 1))
-        waitersDone.value.initialize(to: 0)
-        defer { waitersDone.value.deallocate() }
         let deadline = MonotonicClock.now.advanced(by: .seconds(20))
-        runThreads(6) { t in
-            if t < 2 {
-                // Hammer the lock until every waiter got it once (or the deadline).
-                while AtomicMemory.load(from: waitersDone.value, ordering: .acquiring) < 4
-                    && MonotonicClock.now < deadline
-                {
-                    lock.lock()
-                    counter.value += 1
-                    lock.unlock()
+        withZeroedWords(UInt32.self, count: 1) { words in
+            let waitersDone = SharedPointer(words)
+            runThreads(6) { t in
+                if t < 2 {
+                    // Hammer the lock until every waiter got it once (or the deadline).
+                    while AtomicMemory.load(from: waitersDone.pointer, ordering: .acquiring) < 4
+                        && MonotonicClock.now < deadline
+                    {
+                        lock.lock()
+                        counter.value += 1
+                        lock.unlock()
+                    }
+                } else {
+                    usleep(useconds_t(1_000 * t))  // arrive while the hammering runs
+                    let acquired = lock.lock(before: deadline)
+                    if acquired {
+                        counter.value += 1
+                        lock.unlock()
+                    }
+                    AtomicMemory.increment(waitersDone.pointer, ordering: .releasing)
+                    #expect(acquired, "waiter \(t) was kept out for 20 s by threads re-taking the lock")
                 }
-            } else {
-                usleep(useconds_t(1_000 * t))  // arrive while the hammering runs
-                let acquired = lock.lock(before: deadline)
-                if acquired {
-                    counter.value += 1
-                    lock.unlock()
-                }
-                AtomicMemory.increment(waitersDone.value, ordering: .releasing)
-                #expect(acquired, "waiter \(t) was kept out for 20 s by threads re-taking the lock")
             }
         }
         #expect(lock.wordValue == 0)
