@@ -202,6 +202,65 @@ struct ThreadLoopMembershipTests {
         }
     }
 
+    /// When a loop's thread exits, its sources leave every mode: `cancel`
+    /// runs once per mode, on the exiting thread. They stay valid; the dead
+    /// loop ignores them from then on, and another loop takes and fires
+    /// them, a descriptor source included (the dead loop no longer counts
+    /// as holding it).
+    @Test(arguments: availableBackends)
+    func exitingThreadCancelsItsLoopsSources(kind: EventBackendKind) {
+        let log = EventLog()
+        let other: LoopMode = "other"
+        let source = LoopSource(
+            schedule: { _, mode in log.append("schedule \(mode)") },
+            cancel: { loop, mode in log.append("cancel \(mode) on its thread: \(cshims_gettid() == loop.ownerThreadID)") }
+        ) { _ in log.append("perform") }
+        withPipe { readEnd, writeEnd in
+            let reads = EventLog()
+            let watcher = LoopSource(descriptor: readEnd) { _, _ in
+                var byte: UInt8 = 0
+                _ = read(readEnd, &byte, 1)
+                reads.append("read")
+            }
+            let dead = UnsafeBox<ThreadLoop?>(nil)
+            let exit = startThread {
+                let loop = try! ThreadLoop.current(backend: kind)
+                loop.add(source, forMode: .default)
+                loop.add(source, forMode: other)
+                loop.add(watcher, forMode: .common)
+                dead.value = loop
+            }
+            exit()
+            let loop = dead.value!
+            #expect(log.all == [
+                "schedule default", "schedule other", "cancel default on its thread: true",
+                "cancel other on its thread: true",
+            ])
+            #expect(source.isValid && watcher.isValid)
+            #expect(!loop.contains(source, inMode: .default) && !loop.contains(watcher, inMode: .common))
+            log.clear()
+            loop.add(source, forMode: .default)
+            #expect(log.all.isEmpty && !loop.contains(source, inMode: .default))
+
+            onLoopThread(kind) { alive in
+                alive.add(source, forMode: .default)
+                alive.add(watcher, forMode: .default)
+                source.signal()
+                var byte: UInt8 = 1
+                _ = write(writeEnd, &byte, 1)
+                var passes = 0
+                while (log.all.count < 2 || reads.all.isEmpty) && passes < 10 {
+                    _ = alive.run(mode: .default, timeout: .seconds(10), returnAfterSourceHandled: true)
+                    passes += 1
+                }
+                #expect(reads.all.count == 1)
+                source.invalidate()
+                watcher.invalidate()
+            }
+            #expect(log.all == ["schedule default", "perform", "cancel default on its thread: true"])
+        }
+    }
+
     /// `isCurrent` is true only on the loop's own thread: not on a thread
     /// without a loop, nor on one with a loop of its own.
     @Test(arguments: availableBackends)

@@ -167,6 +167,27 @@ struct LoopModeTable {
         return left
     }
 
+    /// Removes every source from every mode and from the `.common` record
+    /// (the loop's thread has exited). Returns each source with the modes it
+    /// left, in the order the modes were first used and, within a mode, in
+    /// firing order.
+    mutating func removeAllSources() -> [(LoopSource, ChangedModes)] {
+        var removed: [(LoopSource, ChangedModes)] = []
+        for slot in modes.indices {
+            for source in modes[slot].sources {
+                if let i = removed.firstIndex(where: { $0.0 === source }) {
+                    removed[i].1.append(modes[slot].mode)
+                } else {
+                    removed.append((source, ChangedModes(modes[slot].mode)))
+                }
+            }
+            modes[slot].sources.removeAll()
+        }
+        common.sources.removeAll()
+        for (source, left) in removed { _ = source.leave(identity, modes: left.count) }
+        return removed
+    }
+
     /// Whether `source` is in `mode` (for `.common`: in the record).
     func contains(_ source: LoopSource, inMode mode: LoopMode) -> Bool {
         if mode == .common { return common.sources.containsIdentical(source) }

@@ -25,6 +25,10 @@ import Glibc
 ///
 /// Sleeping costs no CPU: the thread waits in the kernel (on its wake word
 /// when it watches no descriptors, which is the fastest wake-up here).
+///
+/// When the thread exits, its loop lets go of its sources (each one's
+/// `cancel` runs, once per mode, on the exiting thread) and drops its
+/// queued performs; see `ownerThreadExited`.
 public final class ThreadLoop: @unchecked Sendable {
     // @unchecked: configuration and queues are guarded by `lock`; run state
     // is touched only by the owning thread; the stop flag is atomic.
@@ -135,13 +139,15 @@ public final class ThreadLoop: @unchecked Sendable {
     /// Adds `source` to `mode` (or every common mode for `.common`) and calls
     /// its `schedule` callback, on the calling thread, for each mode it
     /// joined. Any thread; wakes the loop if called from another thread.
-    /// Adding it again is a no-op; an invalidated source is ignored. Takes
+    /// Adding it again is a no-op; an invalidated source is ignored, and so
+    /// is any source once the loop's thread has exited. Takes
     /// the loop's lock, and within it the source's, briefly; allocates
     /// nothing for one mode once the mode's array has room. The loop's lock
     /// orders it: what the caller wrote before is visible to the loop thread
     /// when it fires the source.
     public func add(_ source: LoopSource, forMode mode: LoopMode = .default) {
         let joined = lock.withLock {
+            if threadHasExited { return ChangedModes() }
             let joined = table.insert(source, in: mode)
             if !joined.isEmpty { watchDescriptor(source) }
             return joined
@@ -581,15 +587,25 @@ public final class ThreadLoop: @unchecked Sendable {
         for t in timers { t.invalidate() }
     }
 
-    /// Called when the owning thread exits: performs still queued (and any
-    /// sent later) cannot run; their waiters are released with `false`.
+    /// Called on the owning thread as it exits. Performs still queued (and
+    /// any sent later) cannot run: their waiters are released with `false`.
+    /// Every source leaves every mode, as if removed, and its `cancel`
+    /// callback runs for each mode it left, on the exiting thread (the
+    /// guide's cue for a client to stop sending it work); the source stays
+    /// valid and may be added to another loop. From here on `add` ignores
+    /// sources. Timers and observers stay, inert: nothing runs the loop.
     func ownerThreadExited() {
-        let dropped: [PendingPerform] = lock.withLock {
+        let (dropped, removed): ([PendingPerform], [(LoopSource, ChangedModes)]) = lock.withLock {
             threadHasExited = true
             defer { performs.removeAll() }
-            return performs
+            let removed = table.removeAllSources()
+            for (source, _) in removed { forgetDescriptor(source) }
+            return (performs, removed)
         }
+        // Still the owner: stop watching the removed sources' descriptors now.
+        applyPendingChanges()
         for p in dropped { p.completion?.finish(ran: false) }
+        for (source, left) in removed { left.forEach { source.onCancel?(self, $0) } }
     }
 }
 
