@@ -173,11 +173,13 @@ struct LoopModeTable {
     /// firing order.
     mutating func removeAllSources() -> [(LoopSource, ChangedModes)] {
         var removed: [(LoopSource, ChangedModes)] = []
+        var position: [ObjectIdentifier: Int] = [:]
         for slot in modes.indices {
             for source in modes[slot].sources {
-                if let i = removed.firstIndex(where: { $0.0 === source }) {
+                if let i = position[ObjectIdentifier(source)] {
                     removed[i].1.append(modes[slot].mode)
                 } else {
+                    position[ObjectIdentifier(source)] = removed.count
                     removed.append((source, ChangedModes(modes[slot].mode)))
                 }
             }
