@@ -17,6 +17,10 @@ import Glibc
 ///                      only the heir claims it
 ///     bit 3  request   the heir asks for the lock: the holder's unlock hands
 ///                      it over instead of releasing it
+///     bit 4  heirAwaits  the heir sleeps before its turn and wants to be
+///                      woken by the next unlock (only while there is no
+///                      tenant); that unlock wakes the heir instead of a
+///                      sleeper of the lock word
 ///     bit 5  parkedWaking  an unlock woke a sleeper of the lock word and it
 ///                      has not yet run: one woken thread at a time
 ///
@@ -24,15 +28,19 @@ import Glibc
 /// state the inlined fast paths handle. Bits 8–31 belong to the owner
 /// (`Condition` keeps deferred wake-ups there); every transition keeps them.
 ///
-/// Fairness comes from two roles kept off the lock word, so that they never
-/// slow the fast paths down.
+/// Fairness comes from two roles kept in their own words, so that while a
+/// tenant runs they never slow its fast paths down.
 ///
 /// The heir (at most one thread, flagged in the queue word) is a waiter that
 /// lost the lock to a barging thread after being woken, or that is next in
-/// line while a tenant holds the lock. It sleeps on the heir word for one
-/// `fairnessInterval`, then takes the lock: at once if it is free, otherwise
-/// by setting `request`, which makes the holder's next unlock hand the lock
-/// over. So no waiter waits much longer than one interval once it is the heir.
+/// line while a tenant holds the lock. It sleeps on the heir word until its
+/// turn, one `fairnessInterval` away, then takes the lock: at once if it is
+/// free, otherwise by setting `request`, which makes the holder's next
+/// unlock hand the lock over. So no waiter waits much longer than one
+/// interval once it is the heir. Without a tenant the heir also sets
+/// `heirAwaits`, so that each unlock wakes it to try for the lock as a woken
+/// sleeper does: a lock that is busy but not saturated (threads that wait
+/// on conditions, say) keeps handing itself on at once.
 ///
 /// The tenant is the thread that owns a saturated lock for now. Before it
 /// takes the lock, the heir samples how busy the lock is; if it was held most
@@ -59,16 +67,22 @@ import Glibc
 /// only steers policy: if two threads' tags collided, both would behave as
 /// the tenant, and the lock would be less fair, never less exclusive.
 ///
-/// The heir word is a sequence that an unlock handing the lock over bumps
-/// after setting `handoff`. The heir reads it before it looks at the lock
-/// word and sleeps only while it is unchanged, so a hand-off after it looked
-/// is never missed.
+/// The heir word: bits 0–7 a sequence that an unlock handing the lock over,
+/// or waking the heir, bumps after changing the lock word; bits 8–31 the
+/// start of the last turn in microseconds (a carry out of the sequence moves
+/// it by 1 µs). The heir reads it before it looks at the lock word and
+/// sleeps only while it is unchanged, so a wake-up after it looked is never
+/// missed. Turns are timed from the lock's last one, not from when a thread
+/// became the heir: in normal mode heirs come and go (an heir woken by an
+/// unlock that finds the lock free just takes it), and a saturated lock
+/// must still come to a turn.
 @usableFromInline
 struct FutexMutex {
     @usableFromInline static var locked: UInt32 { 1 }
     @usableFromInline static var parked: UInt32 { 2 }
     @usableFromInline static var handoff: UInt32 { 4 }
     @usableFromInline static var request: UInt32 { 8 }
+    @usableFromInline static var heirAwaits: UInt32 { 16 }
     @usableFromInline static var parkedWaking: UInt32 { 32 }
 
     // The queue word.
@@ -358,6 +372,26 @@ extension FutexMutex {
         }
     }
 
+    /// Ends the calling thread's tenure, if it is the tenant, and sends the
+    /// queued threads back to the lock word: for a tenant about to block on a
+    /// condition, which would otherwise leave them waiting for the next turn.
+    @usableFromInline
+    @inline(never)
+    func resignTenure() {
+        let me = Self.currentThreadTag
+        guard AtomicMemory.compareAndSwap(expected: me, desired: 0, at: tenantWord, ordering: .relaxed) else { return }
+        // Releasing, after the tenant word (see `waitForTurn`).
+        let queue = AtomicMemory.load(from: queueWord, ordering: .relaxed)
+        var current = queue
+        while true {
+            let r = AtomicMemory.compareExchange(
+                expected: current, desired: Self.bumpingSequence(current), at: queueWord, ordering: .releasing)
+            if r.exchanged { break }
+            current = r.original
+        }
+        if current >= Self.queueMember { Futex(queueWord).wakeAll() }
+    }
+
     /// Queue members plus the heir (see `Lock.threadsWaitingForTurn`).
     var threadsWaitingForTurn: Int {
         let queue = AtomicMemory.load(from: queueWord, ordering: .relaxed)
@@ -371,6 +405,15 @@ extension FutexMutex {
         UInt32(truncatingIfNeeded: instant.nanoseconds / 1_000)
     }
 
+    /// Microseconds since the last turn began, from the stamp in the heir
+    /// word's upper 24 bits (wrapping every 16.7 s; a stamp that old only
+    /// makes one turn come early).
+    @usableFromInline
+    func microsecondsSinceTurn(_ now: MonotonicClock.Instant) -> Int64 {
+        let stamp = AtomicMemory.load(from: heirWord, ordering: .relaxed) >> 8
+        return Int64((Self.microstamp(now) &- stamp) & 0xFF_FFFF)
+    }
+
     /// `queue` with its sequence advanced (wrapping within its bits).
     @usableFromInline
     static func bumpingSequence(_ queue: UInt32) -> UInt32 {
@@ -378,24 +421,43 @@ extension FutexMutex {
         return (queue & ~queueSequenceMask) | sequence
     }
 
-    /// The heir's turn: sleeps out one interval on the heir word, judges
+    /// The heir's life: sleeps on the heir word until its turn, judges
     /// whether the lock is saturated, then takes it (free, or handed over on
     /// request), gives up the heir's place and becomes the tenant or ends the
-    /// tenure. Returns whether it acquired; false once `deadline` passed.
+    /// tenure. Without a tenant, unlocks also wake it before its turn
+    /// (`heirAwaits`), and it takes the lock if it finds it free then, as a
+    /// woken sleeper would, giving up the heir's place but not judging.
+    /// Returns whether it acquired; false once `deadline` passed.
     @usableFromInline
     func serveAsHeir(me: UInt32, until deadline: MonotonicClock.Instant, hasSlept: Bool) -> Bool {
         let futex = Futex(heirWord)
-        // The turn comes one interval after the tenant's began (its start is
-        // stamped in the heir word), or, without a tenant, after now.
+        let sleeperBit = hasSlept ? Self.parked : 0
+        // The turn comes one interval after the last one began.
         let now = MonotonicClock.now
-        var turn = now.advanced(by: Self.fairnessInterval)
-        if AtomicMemory.load(from: tenantWord, ordering: .relaxed) != 0 {
-            let elapsed = Int64(Self.microstamp(now) &- AtomicMemory.load(from: heirWord, ordering: .relaxed))
-            turn = turn.advanced(by: .microseconds(-min(elapsed, Self.fairnessInterval.nanosecondsSaturating / 1_000)))
-        }
+        let tenured = AtomicMemory.load(from: tenantWord, ordering: .relaxed) != 0
+        let elapsed = min(microsecondsSinceTurn(now), Self.fairnessInterval.nanosecondsSaturating / 1_000)
+        let turn = now.advanced(by: Self.fairnessInterval).advanced(by: .microseconds(-elapsed))
         let wakeAt = turn < deadline ? turn : deadline
         while MonotonicClock.now < wakeAt {
-            let sequence = AtomicMemory.load(from: heirWord, ordering: .relaxed)
+            // The sequence first, then the word: an unlock writes them in the
+            // other order (releasing the sequence).
+            let sequence = AtomicMemory.load(from: heirWord, ordering: .acquiring)
+            if !tenured {
+                let state = AtomicMemory.load(from: word, ordering: .relaxed)
+                if state & Self.locked == 0 {
+                    let desired = state | Self.locked | sleeperBit
+                    if AtomicMemory.compareAndSwap(expected: state, desired: desired, at: word, ordering: .acquiring) {
+                        endTurn(me: me, saturated: nil)
+                        return true
+                    }
+                    continue
+                }
+                if state & Self.heirAwaits == 0 {
+                    _ = AtomicMemory.compareAndSwap(
+                        expected: state, desired: state | Self.heirAwaits, at: word, ordering: .relaxed)
+                    continue
+                }
+            }
             _ = futex.wait(expecting: sequence, until: wakeAt)
         }
         // How busy is the lock? Loads only, about 100 ns apart.
@@ -417,7 +479,6 @@ extension FutexMutex {
         let saturated = changes == 0
             ? AtomicMemory.load(from: tenantWord, ordering: .relaxed) != 0
             : held >= Self.saturationThreshold || crowded >= Self.saturationSamples / 2
-        let sleeperBit = hasSlept ? Self.parked : 0
         var spins = 0
         while true {
             // The sequence first, then the word: an unlock writes them in the
@@ -426,7 +487,7 @@ extension FutexMutex {
             let state = AtomicMemory.load(from: word, ordering: .relaxed)
             if state & Self.handoff != 0 {
                 // Handed to us: the lock stays locked, so claiming is acquiring.
-                let desired = (state & ~Self.handoff) | sleeperBit
+                let desired = (state & ~(Self.handoff | Self.heirAwaits)) | sleeperBit
                 if AtomicMemory.compareAndSwap(expected: state, desired: desired, at: word, ordering: .acquiring) {
                     break
                 }
@@ -442,7 +503,7 @@ extension FutexMutex {
             if MonotonicClock.now >= deadline {
                 // Withdraw the request (no hand-off came: checked above).
                 if AtomicMemory.compareAndSwap(
-                    expected: state, desired: state & ~Self.request, at: word, ordering: .relaxed)
+                    expected: state, desired: state & ~(Self.request | Self.heirAwaits), at: word, ordering: .relaxed)
                 {
                     endTurn(me: me, saturated: nil)
                     return false
@@ -479,7 +540,7 @@ extension FutexMutex {
             // Before the releasing update of the queue word (see `waitForTurn`).
             AtomicMemory.store(saturated ? me : 0, to: tenantWord, ordering: .relaxed)
             // The turn's start, for the next heir.
-            AtomicMemory.store(Self.microstamp(MonotonicClock.now), to: heirWord, ordering: .relaxed)
+            AtomicMemory.store(Self.microstamp(MonotonicClock.now) << 8, to: heirWord, ordering: .relaxed)
         }
         var queue = AtomicMemory.load(from: queueWord, ordering: .relaxed)
         while true {
@@ -512,10 +573,20 @@ extension FutexMutex {
                 "unlock(): the lock is not locked (unbalanced unlock, or unlock before lock)")
             if state & Self.request != 0 {
                 // The heir's turn: hand the lock over, still locked.
-                let desired = (state & ~Self.request) | Self.handoff
+                let desired = (state & ~(Self.request | Self.heirAwaits)) | Self.handoff
                 let r = AtomicMemory.compareExchange(expected: state, desired: desired, at: word, ordering: .releasing)
                 if !r.exchanged { state = r.original; continue }
                 // After the word (see `serveAsHeir`).
+                AtomicMemory.increment(heirWord, ordering: .releasing)
+                Futex(heirWord).wake(1)
+                return
+            }
+            if state & Self.heirAwaits != 0 {
+                // Release and wake the heir, and only the heir: the other
+                // sleepers keep their order (`parked` stays for a later unlock).
+                let desired = state & ~(Self.locked | Self.heirAwaits)
+                let r = AtomicMemory.compareExchange(expected: state, desired: desired, at: word, ordering: .releasing)
+                if !r.exchanged { state = r.original; continue }
                 AtomicMemory.increment(heirWord, ordering: .releasing)
                 Futex(heirWord).wake(1)
                 return

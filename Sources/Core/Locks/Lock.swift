@@ -7,20 +7,24 @@
 ///   in the kernel (`futex(FUTEX_WAIT_BITSET)`) until an `unlock` wakes it.
 /// - Fair under saturation, fast either way. While the lock is not busy it
 ///   goes to whichever thread grabs it first (the fastest policy). A waiter
-///   that loses it to a barging thread becomes the lock's heir and gets it,
-///   free or handed over by the holder's `unlock`, one `fairnessInterval`
-///   later. If the heir then finds the lock saturated (held or slept on most
-///   of the time), it becomes the lock's tenant: the other threads that
+///   that loses it to a barging thread becomes the lock's heir: each unlock
+///   wakes it to try again, and at the latest one `fairnessInterval` after
+///   the lock's last turn the holder's `unlock` hands the lock to it. If the
+///   heir then finds the lock saturated (held or slept on most of the
+///   time), it becomes the lock's tenant: the other threads that
 ///   reach the slow path sleep in a FIFO queue instead of fighting for the
 ///   lock word, the tenant runs at the uncontended speed, and every interval
 ///   the lock passes to the next thread in the queue. So a saturated lock
 ///   goes round its threads in turn, and throughput stays near the
 ///   uncontended rate. An heir that finds the lock mostly free ends the
 ///   tenure (see `FutexMutex`). Measured over 40 ms windows on 2 cores,
-///   least / most operations of one thread: 0.93–0.99 at 2 threads, 0.6–0.97
-///   at 4, 0.65–0.9 at 8, 0.3–0.88 at 16 (low windows: the scheduler
-///   stacked the next heir behind the tenant on one core for a few ms);
-///   pthread's adaptive mutex 0.0–0.3 at 16.
+///   least / most operations of one thread, median (worst) of 8 windows:
+///   0.96 (0.92) at 2 threads, 0.93 (0.67) at 4, 0.91 (0.72) at 8, 0.46
+///   (0.31) at 16, where a turn now and then lasts a scheduler tick instead
+///   of an interval (the kernel leaves the next thread in line queued behind
+///   the tenant on one core); pthread's adaptive mutex 0.89, 0.76, 0.47, 0.12.
+///   A tenant that waits on a `Condition` or `ConditionVariable` gives up
+///   its tenure first.
 /// - Deadlines on the monotonic clock (`lock(before:)`, `lock(timeout:)`).
 ///
 /// `Lock` is a handle: copies share one lock. The lock word lives in a
