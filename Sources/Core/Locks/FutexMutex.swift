@@ -34,7 +34,8 @@ import Glibc
 /// The heir (at most one thread, flagged in the queue word) is a waiter that
 /// lost the lock to a barging thread after being woken, or that is next in
 /// line while a tenant holds the lock. It sleeps on the heir word until its
-/// turn, one `fairnessInterval` away, then takes the lock: at once if it is
+/// turn, one `fairnessInterval` after the lock's last turn began, then takes
+/// the lock: at once if it is
 /// free, otherwise by setting `request`, which makes the holder's next
 /// unlock hand the lock over. So no waiter waits much longer than one
 /// interval once it is the heir. Without a tenant the heir also sets
@@ -43,9 +44,9 @@ import Glibc
 /// on conditions, say) keeps handing itself on at once.
 ///
 /// The tenant is the thread that owns a saturated lock for now. Before it
-/// takes the lock, the heir samples how busy the lock is; if it was held most
-/// of the time, the heir becomes the tenant (its identity goes in the tenant
-/// word). While there is a tenant, every other thread that reaches the slow
+/// takes the lock, the heir samples how busy the lock is (`isSaturated`); if
+/// it is saturated, the heir becomes the tenant (its identity goes in the
+/// tenant word). While there is a tenant, every other thread that reaches the slow
 /// path queues on the queue word instead of spinning or parking on the lock
 /// word: one thread runs the lock at the speed of an uncontended one, the
 /// others sleep in FIFO order, and each interval the lock moves to the next
@@ -53,15 +54,19 @@ import Glibc
 /// shares even: a lock that lets runnable threads fight for it gives each
 /// one whatever CPU time the scheduler happens to give it. An heir that finds
 /// the lock mostly free ends the tenure and wakes the queue: an unsaturated
-/// lock is shared by every thread that wants it, as an unfair lock is.
+/// lock is shared by every thread that wants it, as an unfair lock is. So
+/// does a tenant about to wait on a condition (`resignTenure`).
 ///
-/// The queue word: bit 0 `heirPresent`; bits 1–15 a sequence, bumped whenever
-/// the heir's place falls free or the tenure ends, so that a thread about to
-/// sleep notices; bits 16–31 the number of queued threads (members). A
-/// member sleeps while the heir's place is taken; a thread that is not a
-/// member may take the place only while nobody is queued, so the queue is
-/// served in order (the kernel wakes a futex's sleepers first come, first
-/// served).
+/// The queue word: bit 0 `heirPresent`; bit 1 `heirOpen`; bits 2–15 a
+/// sequence, bumped whenever the heir's place falls free or the tenure ends,
+/// so that a thread about to sleep notices; bits 16–31 the number of queued
+/// threads (members). Whoever frees the heir's place wakes one member (the
+/// kernel wakes a futex's sleepers first come, first served), and only a
+/// member so woken may take the place; if none was asleep, the place is
+/// opened (`heirOpen`) to the first member that looks. A thread that is not
+/// a member may take it only while nobody is queued. So the queue is served
+/// in order: the thread that just lost its turn, still running, cannot jump
+/// ahead of the sleepers.
 ///
 /// The tenant word holds a tag of the tenant's `pthread_self()`, or 0. It
 /// only steers policy: if two threads' tags collided, both would behave as
@@ -102,7 +107,9 @@ struct FutexMutex {
     static let fairnessInterval: Duration = .microseconds(100)
 
     /// Lock-word samples the heir takes, about 100 ns apart, to judge whether
-    /// the lock is saturated; and how many must find it held.
+    /// the lock is saturated; and how many must find it held (a quarter: a
+    /// thread that only takes and releases the lock holds it about half the
+    /// time, the 20-in/200-out work of the benchmark a tenth).
     @usableFromInline static var saturationSamples: Int { 32 }
     @usableFromInline static var saturationThreshold: Int { 8 }
 
@@ -285,6 +292,8 @@ extension FutexMutex {
         return r.exchanged
     }
 
+    /// How a wait for a turn ended: with the lock, at the deadline, or with
+    /// the tenure over (back to the lock word).
     @usableFromInline
     enum Turn { case acquired, timedOut, tenureEnded }
 
@@ -381,8 +390,7 @@ extension FutexMutex {
         let me = Self.currentThreadTag
         guard AtomicMemory.compareAndSwap(expected: me, desired: 0, at: tenantWord, ordering: .relaxed) else { return }
         // Releasing, after the tenant word (see `waitForTurn`).
-        let queue = AtomicMemory.load(from: queueWord, ordering: .relaxed)
-        var current = queue
+        var current = AtomicMemory.load(from: queueWord, ordering: .relaxed)
         while true {
             let r = AtomicMemory.compareExchange(
                 expected: current, desired: Self.bumpingSequence(current), at: queueWord, ordering: .releasing)
@@ -460,25 +468,7 @@ extension FutexMutex {
             }
             _ = futex.wait(expecting: sequence, until: wakeAt)
         }
-        // How busy is the lock? Loads only, about 100 ns apart.
-        var held = 0
-        var crowded = 0
-        var changes = 0
-        var last = AtomicMemory.load(from: word, ordering: .relaxed)
-        for _ in 0..<Self.saturationSamples {
-            for _ in 0..<4 { spinLoopHint() }
-            let sample = AtomicMemory.load(from: word, ordering: .relaxed)
-            if sample & Self.locked != 0 { held += 1 }
-            if sample & Self.parked != 0 { crowded += 1 }
-            if sample != last { changes += 1 }
-            last = sample
-        }
-        // A word that never changed says nothing about how busy the lock is
-        // (its holder, or the tenant between two turns, is not running):
-        // keep the current mode.
-        let saturated = changes == 0
-            ? AtomicMemory.load(from: tenantWord, ordering: .relaxed) != 0
-            : held >= Self.saturationThreshold || crowded >= Self.saturationSamples / 2
+        let saturated = isSaturated()
         var spins = 0
         while true {
             // The sequence first, then the word: an unlock writes them in the
@@ -526,6 +516,29 @@ extension FutexMutex {
         }
         endTurn(me: me, saturated: saturated)
         return true
+    }
+
+    /// Whether the lock is saturated, judged by the heir at its turn from
+    /// `saturationSamples` loads of the lock word about 100 ns apart: held in
+    /// at least `saturationThreshold` of them, or slept on in half. A word
+    /// that never changed says nothing (its holder, or the tenant between
+    /// two operations, is not running): then the current mode stays.
+    @usableFromInline
+    func isSaturated() -> Bool {
+        var held = 0
+        var crowded = 0
+        var changes = 0
+        var last = AtomicMemory.load(from: word, ordering: .relaxed)
+        for _ in 0..<Self.saturationSamples {
+            for _ in 0..<4 { spinLoopHint() }
+            let sample = AtomicMemory.load(from: word, ordering: .relaxed)
+            if sample & Self.locked != 0 { held += 1 }
+            if sample & Self.parked != 0 { crowded += 1 }
+            if sample != last { changes += 1 }
+            last = sample
+        }
+        if changes == 0 { return AtomicMemory.load(from: tenantWord, ordering: .relaxed) != 0 }
+        return held >= Self.saturationThreshold || crowded >= Self.saturationSamples / 2
     }
 
     /// The heir's place falls free: its holder acquired (`saturated` says
