@@ -103,6 +103,57 @@ struct LockStressTests {
             }
         }
         #expect(lock.wordValue == 0)
+        #expect(lock.threadsWaitingForTurn == 0)
+    }
+
+    /// A saturated lock (threads doing nothing but taking it, 4× more than
+    /// cores) goes round its threads: each one gets turns, and timed waiters
+    /// queued behind the tenant give up cleanly. Then the threads leave one
+    /// at a time, tenants included, and the ones still queued are served:
+    /// nothing waits on a tenant that is gone. Afterwards the count is exact,
+    /// the word idle and nobody left queued.
+    @Test func saturatedLockGoesRoundItsThreadsAndSurvivesItsTenantsLeaving() {
+        let threads = 8
+        let lock = Lock()
+        let counter = Protected()
+        let tally = Lock()
+        let counts = Protected()
+        let start = MonotonicClock.now
+        runThreads(threads) { t in
+            // Thread t stops taking the lock at 150 ms + t × 20 ms.
+            let leaveAt = start.advanced(by: .milliseconds(150 + 20 * Int64(t)))
+            var mine = 0
+            var i = 0
+            while MonotonicClock.now < leaveAt {
+                i += 1
+                if t == 0 && i % 16 == 0 {
+                    // Short deadlines, usually spent queued behind a tenant.
+                    if lock.lock(timeout: .microseconds(Int64(30 + i % 100))) {
+                        counter.value += 1
+                        lock.unlock()
+                        mine += 1
+                    }
+                    continue
+                }
+                lock.lock()
+                counter.value += 1
+                lock.unlock()
+                mine += 1
+            }
+            tally.withLock {
+                counts.value += mine
+                counts.scratch[t] = mine
+            }
+        }
+        #expect(counter.value == counts.value)
+        for t in 0..<threads {
+            #expect(counts.scratch[t] > 0, "thread \(t) never got the saturated lock in \(150 + 20 * t) ms")
+        }
+        #expect(lock.wordValue == 0)
+        #expect(lock.threadsWaitingForTurn == 0)
+        // Usable afterwards, at once.
+        #expect(lock.tryLock())
+        lock.unlock()
     }
 
     /// Many more threads than cores, mixing blocking, timed and try locks
@@ -136,6 +187,7 @@ struct LockStressTests {
         }
         #expect(counter.value + misses.value == 16 * 1_500)
         #expect(lock.wordValue == 0)
+        #expect(lock.threadsWaitingForTurn == 0)
     }
 
     /// Deadline waits racing with unlocks: a timed-out waiter must never leave
@@ -166,6 +218,7 @@ struct LockStressTests {
         }
         #expect(counter.value + timeouts.value == 6 * 3_000)
         #expect(lock.wordValue == 0)
+        #expect(lock.threadsWaitingForTurn == 0)
         #expect(lock.tryLock())
         lock.unlock()
     }

@@ -45,12 +45,11 @@
 /// cost the fast path). Not recursive: locking it again on the thread that
 /// holds it deadlocks.
 public struct Condition: Locking, @unchecked Sendable {
-    // @unchecked: the storage is only touched through atomics on its words
-    // and, for the lock's hand-off time, by the thread holding the lock.
+    // @unchecked: the storage is only touched through atomics on its words.
 
-    /// Owns the words: the lock's hand-off time (Int64 at 0), the lock word
-    /// (UInt32 at 8), the lock's heir word (UInt32 at 12) and the
-    /// condition's words (from 16).
+    /// Owns the words: the lock's queue and tenant words (UInt32 at 0 and 4),
+    /// the lock word (UInt32 at 8), the lock's heir word (UInt32 at 12) and
+    /// the condition's words (from 16).
     @usableFromInline
     final class Storage {
         @usableFromInline let base: UnsafeMutableRawPointer
@@ -73,7 +72,8 @@ public struct Condition: Locking, @unchecked Sendable {
         FutexMutex(
             word: (storage.base + 8).assumingMemoryBound(to: UInt32.self),
             heirWord: (storage.base + 12).assumingMemoryBound(to: UInt32.self),
-            nextHandoff: storage.base.assumingMemoryBound(to: Int64.self))
+            queueWord: storage.base.assumingMemoryBound(to: UInt32.self),
+            tenantWord: (storage.base + 4).assumingMemoryBound(to: UInt32.self))
     }
 
     @inlinable

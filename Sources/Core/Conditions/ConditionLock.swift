@@ -42,7 +42,8 @@ public struct ConditionLock: Locking, @unchecked Sendable {
 
     /// Owns the words, from a cache-line aligned base:
     ///
-    ///      0  Int64    the guard's hand-off time
+    ///      0  UInt32   the guard's queue word
+    ///      4  UInt32   the guard's tenant word
     ///      8  UInt32   the guard's lock word (a `FutexMutex`)
     ///     12  UInt32   1 while some thread holds the condition lock (guarded)
     ///     16  Int      the condition (written under the guard, read anywhere)
@@ -73,7 +74,8 @@ public struct ConditionLock: Locking, @unchecked Sendable {
         FutexMutex(
             word: (storage.base + 8).assumingMemoryBound(to: UInt32.self),
             heirWord: (storage.base + 44).assumingMemoryBound(to: UInt32.self),
-            nextHandoff: storage.base.assumingMemoryBound(to: Int64.self))
+            queueWord: storage.base.assumingMemoryBound(to: UInt32.self),
+            tenantWord: (storage.base + 4).assumingMemoryBound(to: UInt32.self))
     }
 
     @inlinable

@@ -166,9 +166,7 @@ public struct ConditionVariable: @unchecked Sendable {
         let pointer = UnsafeRawPointer(bitPattern: paired)!
         let lockStorage = Unmanaged<Lock.Storage>.fromOpaque(pointer).takeUnretainedValue()
         let words = lockStorage.withUnsafeMutablePointerToElements { $0 }
-        return FutexMutex(
-            word: words, heirWord: words + 1,
-            nextHandoff: lockStorage.withUnsafeMutablePointerToHeader { $0 })
+        return FutexMutex(words: words)
     }
 }
 

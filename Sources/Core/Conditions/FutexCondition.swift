@@ -275,6 +275,9 @@ struct FutexCondition {
         // us is ordered after it by the lock; one that does not is not waited for.
         let observed = AtomicMemory.load(from: sequence, ordering: .relaxed)
         AtomicMemory.increment(waiters, ordering: .sequentiallyConsistent)
+        // A tenant that blocks here would keep the threads queued for the
+        // mutex waiting for their turn: it gives the tenure up.
+        if AtomicMemory.load(from: mutex.tenantWord, ordering: .relaxed) != 0 { mutex.resignTenure() }
         if flushingWakes {
             unlockFlushingWakes(mutex)
         } else {

@@ -14,19 +14,18 @@ import Glibc
 /// thread that does not hold the lock stops the process with a message
 /// naming the problem. `RecursiveLock` is a handle: copies share one lock.
 public struct RecursiveLock: Locking, @unchecked Sendable {
-    // @unchecked: `owner` is accessed atomically; `depth` and the hand-off
-    // time only by the thread holding the mutex.
+    // @unchecked: `owner` is accessed atomically; `depth` only by the thread
+    // holding the mutex.
 
     @usableFromInline
     struct Header {
-        @usableFromInline var nextHandoff: Int64
         /// `pthread_self()` of the holder, or 0. Atomic: other threads read it.
         @usableFromInline var owner: UInt
         /// How many times the holder has locked. Only the holder touches it.
         @usableFromInline var depth: Int
     }
 
-    /// Tail elements: the lock word and the heir word.
+    /// Tail elements: the mutex's lock, heir, queue and tenant words.
     @usableFromInline
     final class Storage: ManagedBuffer<Header, UInt32> {}
 
@@ -35,14 +34,13 @@ public struct RecursiveLock: Locking, @unchecked Sendable {
 
     /// A new, unlocked recursive lock.
     public init() {
-        let buffer = Storage.create(minimumCapacity: 2) { _ in Header(nextHandoff: 0, owner: 0, depth: 0) }
+        let buffer = Storage.create(minimumCapacity: 4) { _ in Header(owner: 0, depth: 0) }
         storage = unsafeDowncast(buffer, to: Storage.self)
         let words = storage.withUnsafeMutablePointerToElements { $0 }
-        words.initialize(repeating: 0, count: 2)
+        words.initialize(repeating: 0, count: 4)
         let header = storage.withUnsafeMutablePointerToHeader { UnsafeMutableRawPointer($0) }
         core = RecursiveMutex(
-            word: words, heirWord: words + 1,
-            nextHandoff: (header + MemoryLayout<Header>.offset(of: \.nextHandoff)!).assumingMemoryBound(to: Int64.self),
+            words: words,
             owner: (header + MemoryLayout<Header>.offset(of: \.owner)!).assumingMemoryBound(to: UInt.self),
             depth: (header + MemoryLayout<Header>.offset(of: \.depth)!).assumingMemoryBound(to: Int.self))
     }
@@ -86,10 +84,9 @@ struct RecursiveMutex {
 
     @inlinable
     init(
-        word: UnsafeMutablePointer<UInt32>, heirWord: UnsafeMutablePointer<UInt32>,
-        nextHandoff: UnsafeMutablePointer<Int64>, owner: UnsafeMutablePointer<UInt>, depth: UnsafeMutablePointer<Int>
+        words: UnsafeMutablePointer<UInt32>, owner: UnsafeMutablePointer<UInt>, depth: UnsafeMutablePointer<Int>
     ) {
-        mutex = FutexMutex(word: word, heirWord: heirWord, nextHandoff: nextHandoff)
+        mutex = FutexMutex(words: words)
         self.owner = owner
         self.depth = depth
     }

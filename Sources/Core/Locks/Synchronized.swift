@@ -37,8 +37,8 @@ enum SynchronizedTable {
     /// One cache line per stripe (no false sharing between stripes):
     ///
     ///      0  UInt32  the lock word        4  UInt32  the heir word
-    ///      8  Int64   the hand-off time   16  UInt    the holder
-    ///     24  Int     the depth
+    ///      8  UInt32  the queue word      12  UInt32  the tenant word
+    ///     16  UInt    the holder          24  Int     the depth
     ///
     /// Allocated once and never freed, like the table of the original.
     /// `nonisolated(unsafe)`: the pointer is written once, by the lazy
@@ -50,9 +50,7 @@ enum SynchronizedTable {
         for i in 0..<count {
             let line = words + i * stableWordsAlignment
             (table + i).initialize(to: RecursiveMutex(
-                word: line.assumingMemoryBound(to: UInt32.self),
-                heirWord: (line + 4).assumingMemoryBound(to: UInt32.self),
-                nextHandoff: (line + 8).assumingMemoryBound(to: Int64.self),
+                words: line.assumingMemoryBound(to: UInt32.self),
                 owner: (line + 16).assumingMemoryBound(to: UInt.self),
                 depth: (line + 24).assumingMemoryBound(to: Int.self)))
         }
