@@ -518,6 +518,29 @@ extension FutexMutex {
         return true
     }
 
+    /// After waking the next member to be the heir, the new tenant waits a
+    /// little for it to take the heir's place, then yields if it has not.
+    /// The member best runs on the other core, which the old tenant is about
+    /// to leave idle: there its turn's timer later fires on an idle core.
+    /// But the scheduler often queues it on this core, behind this thread,
+    /// and may leave it there for a whole tick (4 ms), stretching this turn
+    /// forty-fold; yielding lets it run at once, here. Measured at 16 threads
+    /// on 2 cores: waiting up to 20 µs first raised the median fairness of
+    /// 40 ms windows from ~0.8 to ~0.87 and the worst from ~0.2 to ~0.4, for
+    /// about 5% of throughput.
+    @usableFromInline
+    func awaitNextHeir() {
+        let until = MonotonicClock.now.advanced(by: Self.heirArrivalWait)
+        repeat {
+            if AtomicMemory.load(from: queueWord, ordering: .relaxed) & Self.heirPresent != 0 { return }
+            for _ in 0..<16 { spinLoopHint() }
+        } while MonotonicClock.now < until
+        sched_yield()
+    }
+
+    /// How long `awaitNextHeir` waits before yielding.
+    @usableFromInline static var heirArrivalWait: Duration { .microseconds(20) }
+
     /// Whether the lock is saturated, judged by the heir at its turn from
     /// `saturationSamples` loads of the lock word about 100 ns apart: held in
     /// at least `saturationThreshold` of them, or slept on in half. A word
@@ -567,11 +590,7 @@ extension FutexMutex {
                 Futex(queueWord).wakeAll()
             } else {
                 wakeNextMember()
-                // The woken member is often queued on this core, behind this
-                // thread, even with the other core about to fall idle; the
-                // scheduler may leave it there for a whole tick (4 ms). Let it
-                // run now: it only takes the heir's place and sleeps.
-                sched_yield()
+                awaitNextHeir()
             }
         }
     }

@@ -19,10 +19,11 @@
 ///   uncontended rate. An heir that finds the lock mostly free ends the
 ///   tenure (see `FutexMutex`). Measured over 40 ms windows on 2 cores,
 ///   least / most operations of one thread, median (worst) of 8 windows:
-///   0.96 (0.92) at 2 threads, 0.93 (0.67) at 4, 0.91 (0.72) at 8, 0.46
-///   (0.31) at 16, where a turn now and then lasts a scheduler tick instead
-///   of an interval (the kernel leaves the next thread in line queued behind
-///   the tenant on one core); pthread's adaptive mutex 0.89, 0.76, 0.47, 0.12.
+///   0.97 (0.90) at 2 threads, 0.86 (0.84) at 4, 0.92 (0.71) at 8, 0.5–0.88
+///   (0.15–0.5) at 16, where a turn now and then lasts a scheduler tick
+///   instead of an interval (the kernel leaves the next thread in line
+///   queued behind the tenant on one core); pthread's adaptive mutex 0.81,
+///   0.74, 0.38, 0.25.
 ///   A tenant that waits on a `Condition` or `ConditionVariable` gives up
 ///   its tenure first.
 /// - Deadlines on the monotonic clock (`lock(before:)`, `lock(timeout:)`).
