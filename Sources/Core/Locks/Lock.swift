@@ -69,6 +69,7 @@ public struct Lock: Locking, @unchecked Sendable {
 
     /// For tests and diagnostics: the threads waiting for a turn off the lock
     /// word (queued behind a tenant, or the heir); 0 when nobody waits.
+    /// Never blocks; a relaxed snapshot that orders nothing.
     public var threadsWaitingForTurn: Int { mutex.threadsWaitingForTurn }
 
     /// Acquires the lock, sleeping while another thread holds it.
