@@ -389,15 +389,22 @@ extension FutexMutex {
     func resignTenure() {
         let me = Self.currentThreadTag
         guard AtomicMemory.compareAndSwap(expected: me, desired: 0, at: tenantWord, ordering: .relaxed) else { return }
-        // Releasing, after the tenant word (see `waitForTurn`).
-        var current = AtomicMemory.load(from: queueWord, ordering: .relaxed)
+        if bumpQueueSequence(clearing: 0) >= Self.queueMember { Futex(queueWord).wakeAll() }
+    }
+
+    /// Advances the queue word's sequence and clears `bits`, with a releasing
+    /// update, so that members see the tenant word as it was written before
+    /// (see `waitForTurn`) and a member about to sleep notices. Returns the
+    /// word as it was.
+    @usableFromInline
+    func bumpQueueSequence(clearing bits: UInt32) -> UInt32 {
+        var queue = AtomicMemory.load(from: queueWord, ordering: .relaxed)
         while true {
-            let r = AtomicMemory.compareExchange(
-                expected: current, desired: Self.bumpingSequence(current), at: queueWord, ordering: .releasing)
-            if r.exchanged { break }
-            current = r.original
+            let desired = Self.bumpingSequence(queue) & ~bits
+            let r = AtomicMemory.compareExchange(expected: queue, desired: desired, at: queueWord, ordering: .releasing)
+            if r.exchanged { return queue }
+            queue = r.original
         }
-        if current >= Self.queueMember { Futex(queueWord).wakeAll() }
     }
 
     /// Queue members plus the heir (see `Lock.threadsWaitingForTurn`).
@@ -578,14 +585,7 @@ extension FutexMutex {
             // The turn's start, for the next heir.
             AtomicMemory.store(Self.microstamp(MonotonicClock.now) << 8, to: heirWord, ordering: .relaxed)
         }
-        var queue = AtomicMemory.load(from: queueWord, ordering: .relaxed)
-        while true {
-            let desired = Self.bumpingSequence(queue) & ~(Self.heirPresent | Self.heirOpen)
-            let r = AtomicMemory.compareExchange(expected: queue, desired: desired, at: queueWord, ordering: .releasing)
-            if r.exchanged { break }
-            queue = r.original
-        }
-        if queue >= Self.queueMember {
+        if bumpQueueSequence(clearing: Self.heirPresent | Self.heirOpen) >= Self.queueMember {
             if endsTenure {
                 Futex(queueWord).wakeAll()
             } else {
