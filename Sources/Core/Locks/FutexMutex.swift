@@ -54,21 +54,23 @@ import Glibc
 /// one, the others sleep in FIFO order, and each interval the lock moves to
 /// the next of them. With more runnable threads than cores this is what
 /// makes the shares even: a lock that lets runnable threads fight for it
-/// gives each one whatever CPU time the scheduler happens to give it. An
-/// heir that finds the lock mostly free ends the tenure and wakes the queue:
-/// an unsaturated lock is shared by every thread that wants it, as an unfair
-/// lock is. Sampling is noisy (about 1 in 40 samples of a saturated lock,
-/// taken while its tenant was preempted, said otherwise, and each ended
-/// tenure costs milliseconds of unfair running before the next), so a first
-/// such verdict only sets `doubt` and the heir still becomes the tenant; a
-/// second in a row ends the tenure, and a "saturated" clears the doubt. So
-/// does a tenant about to wait on a condition (`resignTenure`).
+/// gives each one whatever CPU time the scheduler happens to give it. Two
+/// heirs in a row that find the lock mostly free end the tenure and wake the
+/// queue: an unsaturated lock is shared by every thread that wants it, as an
+/// unfair lock is. One is not enough: a sample taken while the tenant was
+/// preempted can miss a saturated lock (measured at 16 threads on 2 CPUs: up
+/// to 8 such verdicts in some 40 ms windows of ~230 turns), and each tenure
+/// ended by mistake costs milliseconds of unfair running before the next
+/// begins. So the first verdict only sets `doubt` and the heir becomes the
+/// tenant all the same; a "saturated" clears it. A tenant about to wait on a
+/// condition also ends the tenure (`resignTenure`).
 ///
 /// The queue word: bit 0 `heirPresent`; bit 1 `heirOpen`; bits 2–14 a
 /// sequence, bumped whenever the heir's place falls free or the tenure ends,
 /// so that a thread about to sleep notices; bit 15 `doubt`; bits 16–31 the
-/// number of queued threads (members). Whoever frees the heir's place wakes one member (the
-/// kernel wakes a futex's sleepers first come, first served), and only a
+/// number of queued threads (members). Whoever frees the heir's place wakes
+/// one member (the kernel wakes a futex's sleepers first come, first
+/// served), and only a
 /// member so woken may take the place; if none was asleep, the place is
 /// opened (`heirOpen`) to the first member that looks. A thread that is not
 /// a member may take it only while nobody is queued. So the queue is served
@@ -77,8 +79,8 @@ import Glibc
 ///
 /// An heir that shares a CPU with the running tenant may not get it back in
 /// time: the kernel may leave a woken thread queued behind a running one for
-/// a whole tick (4 ms, forty turns) while another CPU idles. An heir that
-/// finds the tenant not running while it runs (`lockWordMoves`) therefore
+/// a whole tick (4 ms, forty turns) while another CPU idles. So an heir that
+/// finds the tenant not running while it runs itself (`lockWordMoves`)
 /// moves to another CPU before it sleeps (`leaveTenantsCPU`).
 ///
 /// The tenant word holds a tag of the tenant's `pthread_self()`, or 0. It
@@ -406,10 +408,10 @@ extension FutexMutex {
         if bumpQueueSequence(clearing: Self.doubt) >= Self.queueMember { Futex(queueWord).wakeAll() }
     }
 
-    /// Advances the queue word's sequence, clears `bits` and sets `more`, with a releasing
-    /// update, so that members see the tenant word as it was written before
-    /// (see `waitForTurn`) and a member about to sleep notices. Returns the
-    /// word as it was.
+    /// Advances the queue word's sequence, clears `bits` and sets `more`, with
+    /// a releasing update, so that members see the tenant word as it was
+    /// written before (see `waitForTurn`) and a member about to sleep
+    /// notices. Returns the word as it was.
     @usableFromInline
     func bumpQueueSequence(clearing bits: UInt32, setting more: UInt32 = 0) -> UInt32 {
         var queue = AtomicMemory.load(from: queueWord, ordering: .relaxed)
@@ -578,17 +580,18 @@ extension FutexMutex {
     }
 
     /// Moves the heir off the tenant's CPU before it sleeps until its turn, so
-    /// that its timer fires on a CPU where it can run. Sleeping on the tenant's
-    /// CPU, it would be woken there: measured at 16 threads on 2 CPUs, about
-    /// half the heirs were, and 1 in 60 of those then waited 2–6 ms for the
-    /// CPU (the tenant ran on) while the other one idled, which left some
-    /// 40 ms window with one thread at 2–4 times the others' share in one run
-    /// out of three.
+    /// that its timer fires on a CPU where it can run. An heir that sleeps on
+    /// the tenant's CPU is woken there. Measured at 16 threads on 2 CPUs:
+    /// about half the heirs slept there, and 1 in 60 of those then waited
+    /// 2–6 ms behind the tenant while the other CPU idled. In one run out of
+    /// three, that left a 40 ms window with one thread at 2–4 times the
+    /// others' share. Heirs that move never did; a move took 14 µs (median,
+    /// 19 µs at the 90th percentile, the migration included).
     ///
     /// Only a thread whose affinity mask holds every online CPU moves (see
     /// `cshims_leave_current_cpu`): a pinned thread stays where its owner put
-    /// it. The move narrows the thread's mask for two system calls (~2 µs);
-    /// a `sched_setaffinity` on this thread by another thread in between is
+    /// it. The thread's mask is narrowed until the migration is done; a
+    /// `sched_setaffinity` on this thread by another thread meanwhile is
     /// undone. A failure leaves the thread where it is, which is only slower.
     @usableFromInline
     func leaveTenantsCPU() {
@@ -630,7 +633,8 @@ extension FutexMutex {
             var becomesTenant = saturated
             doubtBits.clear = Self.doubt
             // A first "not saturated" during a tenure only casts doubt. Only
-            // this heir writes `doubt` (it holds the heir's place).
+            // heirs set `doubt`, one at a time; a tenant resigning meanwhile
+            // clears it, which costs one more verdict at worst.
             if previous != 0 && !saturated
                 && AtomicMemory.load(from: queueWord, ordering: .relaxed) & Self.doubt == 0
             {
