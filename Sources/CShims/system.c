@@ -55,6 +55,27 @@ int cshims_affinity_set(int32_t tid, const uint64_t *words, size_t nwords) {
     return 0;
 }
 
+int cshims_leave_current_cpu(void) {
+    // The online count, read once (sysconf reads a sysfs file); hot-plugging
+    // a CPU later only makes threads look pinned, which leaves them alone.
+    static int online_cache;
+    int online = __atomic_load_n(&online_cache, __ATOMIC_RELAXED);
+    if (online == 0) {
+        online = cshims_cpu_count_online();
+        __atomic_store_n(&online_cache, online, __ATOMIC_RELAXED);
+    }
+    cpu_set_t mask;
+    if (sched_getaffinity(0, sizeof mask, &mask) != 0) return -errno;
+    if (online < 2 || CPU_COUNT(&mask) != online) return 0;
+    int cpu = sched_getcpu();
+    if (cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &mask)) return 0;
+    cpu_set_t others = mask;
+    CPU_CLR(cpu, &others);
+    if (sched_setaffinity(0, sizeof others, &others) != 0) return -errno;
+    if (sched_setaffinity(0, sizeof mask, &mask) != 0) return -errno;
+    return 1;
+}
+
 // --- NUMA --------------------------------------------------------------------
 // libnuma's other calls are undefined when numa_available() < 0, so every
 // wrapper checks it first and falls back to a one-node answer.

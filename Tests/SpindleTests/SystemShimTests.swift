@@ -71,4 +71,60 @@ struct SystemShimTests {
         }
         #expect(rc == 0)
     }
+
+    /// What `cshims_leave_current_cpu` found, on a thread of its own (its
+    /// mask changes must not reach the test runner's threads).
+    struct LeaveResult {
+        var moved: Int32 = 99
+        var cpuBefore: Int32 = -1
+        var cpuAfter: Int32 = -1
+        var maskRestored = false
+        var pinnedResult: Int32 = 99
+        var pinnedMaskKept = false
+    }
+
+    @Test func leaveCurrentCPUMovesOnlyUnpinnedThreads() {
+        var thread = pthread_t()
+        var result = LeaveResult()
+        withUnsafeMutablePointer(to: &result) { pointer in
+            pthread_create(&thread, nil, { arg in
+                let out = arg!.assumingMemoryBound(to: LeaveResult.self)
+                var mask = [UInt64](repeating: 0, count: 16)
+                _ = cshims_affinity_get(0, &mask, mask.count)
+                // Unpinned (a new thread inherits the runner's full mask).
+                out.pointee.cpuBefore = cshims_current_cpu()
+                out.pointee.moved = cshims_leave_current_cpu()
+                out.pointee.cpuAfter = cshims_current_cpu()
+                var after = [UInt64](repeating: 0, count: 16)
+                _ = cshims_affinity_get(0, &after, after.count)
+                out.pointee.maskRestored = after == mask
+                // Pinned to the CPU it runs on: left alone.
+                var one = [UInt64](repeating: 0, count: 16)
+                let cpu = Int(cshims_current_cpu())
+                one[cpu / 64] = 1 << UInt64(cpu % 64)
+                _ = cshims_affinity_set(0, one, one.count)
+                out.pointee.pinnedResult = cshims_leave_current_cpu()
+                _ = cshims_affinity_get(0, &after, after.count)
+                out.pointee.pinnedMaskKept = after == one
+                return nil
+            }, pointer)
+            pthread_join(thread, nil)
+        }
+        var runnerMask = [UInt64](repeating: 0, count: 16)
+        _ = cshims_affinity_get(0, &runnerMask, runnerMask.count)
+        let allowed = runnerMask.reduce(0) { $0 + $1.nonzeroBitCount }
+        if allowed >= 2 && allowed == Int(cshims_cpu_count_online()) {
+            #expect(result.moved == 1)
+            // The kernel migrates the thread before the narrowing call
+            // returns. (It may move it back once the mask is restored, but
+            // hardly within the microsecond before the next call.)
+            #expect(result.cpuAfter != result.cpuBefore)
+        } else {
+            // One CPU, or a runner restricted by a cpuset: never moves.
+            #expect(result.moved == 0)
+        }
+        #expect(result.maskRestored)
+        #expect(result.pinnedResult == 0)
+        #expect(result.pinnedMaskKept)
+    }
 }

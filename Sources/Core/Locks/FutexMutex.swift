@@ -1,3 +1,5 @@
+import CShims
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -46,27 +48,40 @@ import Glibc
 /// The tenant is the thread that owns a saturated lock for now. Before it
 /// takes the lock, the heir samples how busy the lock is (`isSaturated`); if
 /// it is saturated, the heir becomes the tenant (its identity goes in the
-/// tenant word). While there is a tenant, every other thread that reaches the slow
-/// path queues on the queue word instead of spinning or parking on the lock
-/// word: one thread runs the lock at the speed of an uncontended one, the
-/// others sleep in FIFO order, and each interval the lock moves to the next
-/// of them. With more runnable threads than cores this is what makes the
-/// shares even: a lock that lets runnable threads fight for it gives each
-/// one whatever CPU time the scheduler happens to give it. An heir that finds
-/// the lock mostly free ends the tenure and wakes the queue: an unsaturated
-/// lock is shared by every thread that wants it, as an unfair lock is. So
-/// does a tenant about to wait on a condition (`resignTenure`).
+/// tenant word). While there is a tenant, every other thread that reaches
+/// the slow path queues on the queue word instead of spinning or parking on
+/// the lock word: one thread runs the lock at the speed of an uncontended
+/// one, the others sleep in FIFO order, and each interval the lock moves to
+/// the next of them. With more runnable threads than cores this is what
+/// makes the shares even: a lock that lets runnable threads fight for it
+/// gives each one whatever CPU time the scheduler happens to give it. Two
+/// heirs in a row that find the lock mostly free end the tenure and wake the
+/// queue: an unsaturated lock is shared by every thread that wants it, as an
+/// unfair lock is. One is not enough: a sample taken while the tenant was
+/// preempted can miss a saturated lock (measured at 16 threads on 2 CPUs: up
+/// to 8 such verdicts in some 40 ms windows of ~230 turns), and each tenure
+/// ended by mistake costs milliseconds of unfair running before the next
+/// begins. So the first verdict only sets `doubt` and the heir becomes the
+/// tenant all the same; a "saturated" clears it. A tenant about to wait on a
+/// condition also ends the tenure (`resignTenure`).
 ///
-/// The queue word: bit 0 `heirPresent`; bit 1 `heirOpen`; bits 2–15 a
+/// The queue word: bit 0 `heirPresent`; bit 1 `heirOpen`; bits 2–14 a
 /// sequence, bumped whenever the heir's place falls free or the tenure ends,
-/// so that a thread about to sleep notices; bits 16–31 the number of queued
-/// threads (members). Whoever frees the heir's place wakes one member (the
-/// kernel wakes a futex's sleepers first come, first served), and only a
+/// so that a thread about to sleep notices; bit 15 `doubt`; bits 16–31 the
+/// number of queued threads (members). Whoever frees the heir's place wakes
+/// one member (the kernel wakes a futex's sleepers first come, first
+/// served), and only a
 /// member so woken may take the place; if none was asleep, the place is
 /// opened (`heirOpen`) to the first member that looks. A thread that is not
 /// a member may take it only while nobody is queued. So the queue is served
 /// in order: the thread that just lost its turn, still running, cannot jump
 /// ahead of the sleepers.
+///
+/// An heir that shares a CPU with the running tenant may not get it back in
+/// time: the kernel may leave a woken thread queued behind a running one for
+/// a whole tick (4 ms, forty turns) while another CPU idles. So an heir that
+/// finds the tenant not running while it runs itself (`lockWordMoves`)
+/// moves to another CPU before it sleeps (`leaveTenantsCPU`).
 ///
 /// The tenant word holds a tag of the tenant's `pthread_self()`, or 0. It
 /// only steers policy: if two threads' tags collided, both would behave as
@@ -94,7 +109,8 @@ struct FutexMutex {
     @usableFromInline static var heirPresent: UInt32 { 1 }
     @usableFromInline static var heirOpen: UInt32 { 2 }
     @usableFromInline static var queueSequenceUnit: UInt32 { 4 }
-    @usableFromInline static var queueSequenceMask: UInt32 { 0xFFFC }
+    @usableFromInline static var queueSequenceMask: UInt32 { 0x7FFC }
+    @usableFromInline static var doubt: UInt32 { 0x8000 }
     @usableFromInline static var queueMember: UInt32 { 1 << 16 }
 
     /// How long the heir waits before it takes the lock (outright, or from the
@@ -389,18 +405,18 @@ extension FutexMutex {
     func resignTenure() {
         let me = Self.currentThreadTag
         guard AtomicMemory.compareAndSwap(expected: me, desired: 0, at: tenantWord, ordering: .relaxed) else { return }
-        if bumpQueueSequence(clearing: 0) >= Self.queueMember { Futex(queueWord).wakeAll() }
+        if bumpQueueSequence(clearing: Self.doubt) >= Self.queueMember { Futex(queueWord).wakeAll() }
     }
 
-    /// Advances the queue word's sequence and clears `bits`, with a releasing
-    /// update, so that members see the tenant word as it was written before
-    /// (see `waitForTurn`) and a member about to sleep notices. Returns the
-    /// word as it was.
+    /// Advances the queue word's sequence, clears `bits` and sets `more`, with
+    /// a releasing update, so that members see the tenant word as it was
+    /// written before (see `waitForTurn`) and a member about to sleep
+    /// notices. Returns the word as it was.
     @usableFromInline
-    func bumpQueueSequence(clearing bits: UInt32) -> UInt32 {
+    func bumpQueueSequence(clearing bits: UInt32, setting more: UInt32 = 0) -> UInt32 {
         var queue = AtomicMemory.load(from: queueWord, ordering: .relaxed)
         while true {
-            let desired = Self.bumpingSequence(queue) & ~bits
+            let desired = (Self.bumpingSequence(queue) & ~bits) | more
             let r = AtomicMemory.compareExchange(expected: queue, desired: desired, at: queueWord, ordering: .releasing)
             if r.exchanged { return queue }
             queue = r.original
@@ -453,6 +469,7 @@ extension FutexMutex {
         let elapsed = min(microsecondsSinceTurn(now), Self.fairnessInterval.nanosecondsSaturating / 1_000)
         let turn = now.advanced(by: Self.fairnessInterval).advanced(by: .microseconds(-elapsed))
         let wakeAt = turn < deadline ? turn : deadline
+        if tenured && !lockWordMoves() { leaveTenantsCPU() }
         while MonotonicClock.now < wakeAt {
             // The sequence first, then the word: an unlock writes them in the
             // other order (releasing the sequence).
@@ -548,6 +565,39 @@ extension FutexMutex {
     /// How long `awaitNextHeir` waits before yielding.
     @usableFromInline static var heirArrivalWait: Duration { .microseconds(20) }
 
+    /// Whether the lock word changes within `saturationSamples` loads about
+    /// 100 ns apart (~3 µs): whether whoever uses the lock is running. An
+    /// heir that sees a tenant's word frozen while it runs itself most likely
+    /// shares the tenant's CPU (or the tenant was preempted).
+    @usableFromInline
+    func lockWordMoves() -> Bool {
+        let first = AtomicMemory.load(from: word, ordering: .relaxed)
+        for _ in 0..<Self.saturationSamples {
+            for _ in 0..<4 { spinLoopHint() }
+            if AtomicMemory.load(from: word, ordering: .relaxed) != first { return true }
+        }
+        return false
+    }
+
+    /// Moves the heir off the tenant's CPU before it sleeps until its turn, so
+    /// that its timer fires on a CPU where it can run. An heir that sleeps on
+    /// the tenant's CPU is woken there. Measured at 16 threads on 2 CPUs:
+    /// about half the heirs slept there, and 1 in 60 of those then waited
+    /// 2–6 ms behind the tenant while the other CPU idled. In one run out of
+    /// three, that left a 40 ms window with one thread at 2–4 times the
+    /// others' share. Heirs that move never did; a move took 14 µs (median,
+    /// 19 µs at the 90th percentile, the migration included).
+    ///
+    /// Only a thread whose affinity mask holds every online CPU moves (see
+    /// `cshims_leave_current_cpu`): a pinned thread stays where its owner put
+    /// it. The thread's mask is narrowed until the migration is done; a
+    /// `sched_setaffinity` on this thread by another thread meanwhile is
+    /// undone. A failure leaves the thread where it is, which is only slower.
+    @usableFromInline
+    func leaveTenantsCPU() {
+        _ = cshims_leave_current_cpu()
+    }
+
     /// Whether the lock is saturated, judged by the heir at its turn from
     /// `saturationSamples` loads of the lock word about 100 ns apart: held in
     /// at least `saturationThreshold` of them, or slept on in half. A word
@@ -577,15 +627,29 @@ extension FutexMutex {
     @usableFromInline
     func endTurn(me: UInt32, saturated: Bool?) {
         var endsTenure = false
+        var doubtBits: (set: UInt32, clear: UInt32) = (0, 0)
         if let saturated {
             let previous = AtomicMemory.load(from: tenantWord, ordering: .relaxed)
-            endsTenure = previous != 0 && !saturated
+            var becomesTenant = saturated
+            doubtBits.clear = Self.doubt
+            // A first "not saturated" during a tenure only casts doubt. Only
+            // heirs set `doubt`, one at a time; a tenant resigning meanwhile
+            // clears it, which costs one more verdict at worst.
+            if previous != 0 && !saturated
+                && AtomicMemory.load(from: queueWord, ordering: .relaxed) & Self.doubt == 0
+            {
+                becomesTenant = true
+                doubtBits = (Self.doubt, 0)
+            }
+            endsTenure = previous != 0 && !becomesTenant
             // Before the releasing update of the queue word (see `waitForTurn`).
-            AtomicMemory.store(saturated ? me : 0, to: tenantWord, ordering: .relaxed)
+            AtomicMemory.store(becomesTenant ? me : 0, to: tenantWord, ordering: .relaxed)
             // The turn's start, for the next heir.
             AtomicMemory.store(Self.microstamp(MonotonicClock.now) << 8, to: heirWord, ordering: .relaxed)
         }
-        if bumpQueueSequence(clearing: Self.heirPresent | Self.heirOpen) >= Self.queueMember {
+        let queue = bumpQueueSequence(
+            clearing: Self.heirPresent | Self.heirOpen | doubtBits.clear, setting: doubtBits.set)
+        if queue >= Self.queueMember {
             if endsTenure {
                 Futex(queueWord).wakeAll()
             } else {

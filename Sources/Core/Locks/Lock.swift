@@ -16,16 +16,22 @@
 ///   lock word, the tenant runs at the uncontended speed, and every interval
 ///   the lock passes to the next thread in the queue. So a saturated lock
 ///   goes round its threads in turn, and throughput stays near the
-///   uncontended rate. An heir that finds the lock mostly free ends the
-///   tenure (see `FutexMutex`). Measured over 40 ms windows on 2 cores,
-///   least / most operations of one thread, median (worst) of 8 windows:
-///   0.97 (0.90) at 2 threads, 0.86 (0.84) at 4, 0.92 (0.71) at 8, 0.5–0.88
-///   (0.15–0.5) at 16, where a turn now and then lasts a scheduler tick
-///   instead of an interval (the kernel leaves the next thread in line
-///   queued behind the tenant on one core); pthread's adaptive mutex 0.81,
-///   0.74, 0.38, 0.25.
+///   uncontended rate. Two heirs in a row that find the lock mostly free
+///   end the tenure (see `FutexMutex`). Measured over 40 ms windows on 2
+///   cores, least / most operations of one thread, median (worst) of 8
+///   windows: 0.94 (0.73) at 2 threads, 0.96 (0.89) at 4, 0.93 (0.79) at 8,
+///   0.85–0.86 (0.27–0.57) at 16, where a turn now and then lasts a
+///   millisecond or more instead of an interval (the next thread in line
+///   does not get the CPU it was woken on); pthread's adaptive mutex 0.79,
+///   0.76, 0.41, 0.00.
 ///   A tenant that waits on a `Condition` or `ConditionVariable` gives up
 ///   its tenure first.
+/// - The heir may move itself to another CPU: if it finds the tenant not
+///   running while it runs itself, they most likely share a CPU, where the
+///   heir could wait behind the tenant for a whole scheduler tick. Only a
+///   thread allowed on every online CPU moves, and its affinity mask is
+///   restored at once; a `sched_setaffinity` on that thread by another
+///   thread during the move (~15 µs) is undone.
 /// - Deadlines on the monotonic clock (`lock(before:)`, `lock(timeout:)`).
 ///
 /// `Lock` is a handle: copies share one lock. The lock word lives in a
