@@ -59,7 +59,7 @@ import Glibc
 /// queue: an unsaturated lock is shared by every thread that wants it, as an
 /// unfair lock is. One is not enough: a sample taken while the tenant was
 /// preempted can miss a saturated lock (measured at 16 threads on 2 CPUs: up
-/// to 8 such verdicts in some 40 ms windows of ~230 turns), and each tenure
+/// to 3 such verdicts in a 40 ms window of 130–250 turns), and each tenure
 /// ended by mistake costs milliseconds of unfair running before the next
 /// begins. So the first verdict only sets `doubt` and the heir becomes the
 /// tenant all the same; a "saturated" clears it. A tenant about to wait on a
@@ -70,12 +70,11 @@ import Glibc
 /// so that a thread about to sleep notices; bit 15 `doubt`; bits 16–31 the
 /// number of queued threads (members). Whoever frees the heir's place wakes
 /// one member (the kernel wakes a futex's sleepers first come, first
-/// served), and only a
-/// member so woken may take the place; if none was asleep, the place is
-/// opened (`heirOpen`) to the first member that looks. A thread that is not
-/// a member may take it only while nobody is queued. So the queue is served
-/// in order: the thread that just lost its turn, still running, cannot jump
-/// ahead of the sleepers.
+/// served), and only a member so woken may take the place; if none was
+/// asleep, the place is opened (`heirOpen`) to the first member that looks.
+/// A thread that is not a member may take it only while nobody is queued.
+/// So the queue is served in order: the thread that just lost its turn,
+/// still running, cannot jump ahead of the sleepers.
 ///
 /// An heir that shares a CPU with the running tenant may not get it back in
 /// time: the kernel may leave a woken thread queued behind a running one for
@@ -585,8 +584,9 @@ extension FutexMutex {
     /// about half the heirs slept there, and 1 in 60 of those then waited
     /// 2–6 ms behind the tenant while the other CPU idled. In one run out of
     /// three, that left a 40 ms window with one thread at 2–4 times the
-    /// others' share. Heirs that move never did; a move took 14 µs (median,
-    /// 19 µs at the 90th percentile, the migration included).
+    /// others' share. Heirs that moved never waited behind the tenant; a move
+    /// took 14 µs (median; 19 µs at the 90th percentile, the migration
+    /// included).
     ///
     /// Only a thread whose affinity mask holds every online CPU moves (see
     /// `cshims_leave_current_cpu`): a pinned thread stays where its owner put
@@ -627,28 +627,25 @@ extension FutexMutex {
     @usableFromInline
     func endTurn(me: UInt32, saturated: Bool?) {
         var endsTenure = false
-        var doubtBits: (set: UInt32, clear: UInt32) = (0, 0)
+        var doubtful = false
         if let saturated {
             let previous = AtomicMemory.load(from: tenantWord, ordering: .relaxed)
-            var becomesTenant = saturated
-            doubtBits.clear = Self.doubt
             // A first "not saturated" during a tenure only casts doubt. Only
             // heirs set `doubt`, one at a time; a tenant resigning meanwhile
             // clears it, which costs one more verdict at worst.
-            if previous != 0 && !saturated
+            doubtful = previous != 0 && !saturated
                 && AtomicMemory.load(from: queueWord, ordering: .relaxed) & Self.doubt == 0
-            {
-                becomesTenant = true
-                doubtBits = (Self.doubt, 0)
-            }
+            let becomesTenant = saturated || doubtful
             endsTenure = previous != 0 && !becomesTenant
             // Before the releasing update of the queue word (see `waitForTurn`).
             AtomicMemory.store(becomesTenant ? me : 0, to: tenantWord, ordering: .relaxed)
             // The turn's start, for the next heir.
             AtomicMemory.store(Self.microstamp(MonotonicClock.now) << 8, to: heirWord, ordering: .relaxed)
         }
+        // A verdict clears the doubt or (re)casts it; giving up leaves it.
         let queue = bumpQueueSequence(
-            clearing: Self.heirPresent | Self.heirOpen | doubtBits.clear, setting: doubtBits.set)
+            clearing: Self.heirPresent | Self.heirOpen | (saturated == nil ? 0 : Self.doubt),
+            setting: doubtful ? Self.doubt : 0)
         if queue >= Self.queueMember {
             if endsTenure {
                 Futex(queueWord).wakeAll()
