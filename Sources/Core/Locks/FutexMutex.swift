@@ -601,8 +601,14 @@ extension FutexMutex {
     /// Whether the lock is saturated, judged by the heir at its turn from
     /// `saturationSamples` loads of the lock word about 100 ns apart: held in
     /// at least `saturationThreshold` of them, or slept on in half. A word
-    /// that never changed says nothing (its holder, or the tenant between
-    /// two operations, is not running): then the current mode stays.
+    /// that never changed and is held says nothing (its holder is not
+    /// running): then the current mode stays. One that stayed free says the
+    /// lock is not saturated, even if a preempted tenant left it so: a
+    /// wrong verdict only casts doubt (see `endTurn`), while a tenure kept
+    /// by a lock nobody uses makes every thread that collides with another
+    /// wait for a turn (measured on 2 CPUs: 8 threads that had saturated the
+    /// lock, then took it between ~20 µs of work each, did half as many
+    /// operations as with a pthread mutex; now as many).
     @usableFromInline
     func isSaturated() -> Bool {
         var held = 0
@@ -617,7 +623,9 @@ extension FutexMutex {
             if sample != last { changes += 1 }
             last = sample
         }
-        if changes == 0 { return AtomicMemory.load(from: tenantWord, ordering: .relaxed) != 0 }
+        if changes == 0 {
+            return last & Self.locked != 0 && AtomicMemory.load(from: tenantWord, ordering: .relaxed) != 0
+        }
         return held >= Self.saturationThreshold || crowded >= Self.saturationSamples / 2
     }
 
