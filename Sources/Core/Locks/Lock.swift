@@ -19,11 +19,11 @@
 ///   uncontended rate. Two heirs in a row that find the lock mostly free
 ///   end the tenure (see `FutexMutex`). Measured over 40 ms windows on 2
 ///   cores, least / most operations of one thread, median (worst) of 8
-///   windows: 0.94 (0.73) at 2 threads, 0.96 (0.89) at 4, 0.93 (0.79) at 8,
-///   0.85–0.86 (0.27–0.57) at 16, where a turn now and then lasts a
-///   millisecond or more instead of an interval (the next thread in line
-///   does not get the CPU it was woken on); pthread's adaptive mutex 0.79,
-///   0.76, 0.41, 0.00.
+///   windows: 0.95 (0.90) at 2 threads, 0.96 (0.62) at 4, 0.95 (0.92) at 8,
+///   0.66–0.88 (0.34–0.85) over seven runs at 16, where a turn now and then
+///   lasts a millisecond or more instead of an interval (the next thread in
+///   line does not get the CPU it was woken on); pthread's adaptive mutex
+///   0.68, 0.48, 0.34, 0.00.
 ///   A tenant that waits on a `Condition` or `ConditionVariable` gives up
 ///   its tenure first.
 /// - The heir may move itself to another CPU: if it finds the tenant not
