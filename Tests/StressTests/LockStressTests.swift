@@ -14,6 +14,31 @@ final class Protected: @unchecked Sendable {
     var scratch = [Int](repeating: 0, count: 64)
 }
 
+/// A word the test threads share, read and written atomically.
+final class SharedWord: @unchecked Sendable {
+    // @unchecked: only touched through AtomicMemory.
+    private let word = UnsafeMutablePointer<Int>.allocate(capacity: 1)
+    init() { word.initialize(to: 0) }
+    deinit { word.deallocate() }
+    var value: Int { AtomicMemory.load(from: word, ordering: .acquiring) }
+    func set(_ value: Int) { AtomicMemory.store(value, to: word, ordering: .releasing) }
+}
+
+/// A reusable barrier for test threads (`pthread_barrier_t`).
+final class TestBarrier: @unchecked Sendable {
+    // @unchecked: pthread_barrier_t is made for sharing between threads.
+    private let barrier = UnsafeMutablePointer<pthread_barrier_t>.allocate(capacity: 1)
+    init(count: Int) {
+        precondition(pthread_barrier_init(barrier, nil, UInt32(count)) == 0, "pthread_barrier_init failed")
+    }
+    deinit {
+        pthread_barrier_destroy(barrier)
+        barrier.deallocate()
+    }
+    /// Blocks until `count` threads have called it.
+    func wait() { _ = pthread_barrier_wait(barrier) }
+}
+
 /// The lock types of the contention grid, each with a probe of its idle word.
 enum GridLock: CaseIterable, Sendable {
     case lock, recursive, spin, readWrite
@@ -154,6 +179,68 @@ struct LockStressTests {
         // Usable afterwards, at once.
         #expect(lock.tryLock())
         lock.unlock()
+    }
+
+    /// A tenure outlives its lock's saturation only briefly: once the lock
+    /// has been quiet for more than 100 turns, a thread that finds it held
+    /// ends the tenure instead of becoming the next tenant of a lock that
+    /// nobody fights for. (Without that, thread 2 below ends as the tenant.)
+    @Test func staleTenureEndsAtTheNextCollision() {
+        let lock = Lock()
+        let counter = Protected()
+        let barrier = TestBarrier(count: 3)
+        let tenantAtRest = SharedWord()
+        let held = SharedWord()
+        runThreads(3) { t in
+            // Threads 0 and 1 saturate the lock until it has a tenant; thread 1
+            // stops 1 ms later, thread 0 2 ms after that. Whichever was the
+            // tenant, thread 0 then runs alone without a collision, so the
+            // tenure stays. (Under load a verdict may end it as they stop, or
+            // none may start it; then again, for up to 10 s.)
+            let testGiveUpAt = MonotonicClock.now.advanced(by: .seconds(10))
+            while true {
+                if t < 2 {
+                    let giveUpAt = MonotonicClock.now.advanced(by: .seconds(1))
+                    let runOn: Duration = t == 1 ? .milliseconds(1) : .milliseconds(3)
+                    var tenantSince: MonotonicClock.Instant?
+                    while MonotonicClock.now < giveUpAt {
+                        lock.lock()
+                        counter.value += 1
+                        lock.unlock()
+                        if tenantSince == nil && lock.hasTenant { tenantSince = MonotonicClock.now }
+                        if let since = tenantSince, MonotonicClock.now > since.advanced(by: runOn) { break }
+                    }
+                }
+                barrier.wait()
+                // 20 ms of quiet (200 turns): the tenure, if any, goes stale.
+                if t == 2 {
+                    usleep(20_000)
+                    tenantAtRest.set(lock.hasTenant ? 1 : MonotonicClock.now < testGiveUpAt ? 0 : -1)
+                }
+                barrier.wait()
+                if tenantAtRest.value != 0 { break }
+            }
+            // Thread 2, which never took the lock, finds it held by thread 0.
+            if t == 0 {
+                lock.lock()
+                held.set(1)
+                // Until thread 2 waits for its turn (the heir), then a little.
+                let giveUpAt = MonotonicClock.now.advanced(by: .seconds(2))
+                while lock.threadsWaitingForTurn == 0 && MonotonicClock.now < giveUpAt { sched_yield() }
+                usleep(200)
+                counter.value += 1
+                lock.unlock()
+            } else if t == 2 {
+                while held.value == 0 { sched_yield() }
+                lock.lock()
+                counter.value += 1
+                lock.unlock()
+            }
+        }
+        #expect(tenantAtRest.value == 1, "no tenure outlived the saturation in 10 s of tries")
+        #expect(!lock.hasTenant)
+        #expect(lock.threadsWaitingForTurn == 0)
+        #expect(lock.wordValue == 0)
     }
 
     /// Many more threads than cores, mixing blocking, timed and try locks

@@ -63,7 +63,9 @@ import Glibc
 /// ended by mistake costs milliseconds of unfair running before the next
 /// begins. So the first verdict only sets `doubt` and the heir becomes the
 /// tenant all the same; a "saturated" clears it. A tenant about to wait on a
-/// condition also ends the tenure (`resignTenure`).
+/// condition also ends the tenure (`resignTenure`), and so does the first
+/// heir after a quiet stretch: a tenure whose last turn began more than
+/// `staleTenureTurns` intervals ago is stale.
 ///
 /// The queue word: bit 0 `heirPresent`; bit 1 `heirOpen`; bits 2–14 a
 /// sequence, bumped whenever the heir's place falls free or the tenure ends,
@@ -402,10 +404,26 @@ extension FutexMutex {
     @usableFromInline
     @inline(never)
     func resignTenure() {
-        let me = Self.currentThreadTag
-        guard AtomicMemory.compareAndSwap(expected: me, desired: 0, at: tenantWord, ordering: .relaxed) else { return }
+        endTenure(of: Self.currentThreadTag)
+    }
+
+    /// Ends the tenure of `tenant` if it still holds it, and sends the queued
+    /// threads back to the lock word.
+    @usableFromInline
+    func endTenure(of tenant: UInt32) {
+        guard AtomicMemory.compareAndSwap(expected: tenant, desired: 0, at: tenantWord, ordering: .relaxed) else {
+            return
+        }
         if bumpQueueSequence(clearing: Self.doubt) >= Self.queueMember { Futex(queueWord).wakeAll() }
     }
+
+    /// Turns after which a tenure whose last turn began longer ago is over
+    /// (10 ms). While a tenure is in use, each heir takes the place its
+    /// predecessor left at the start of a turn; one that finds the last turn
+    /// this old comes after a quiet or uncontended stretch, longer than a
+    /// thread that was about to queue stays preempted on a busy machine
+    /// (a time slice is 3–4 ms here).
+    @usableFromInline static var staleTenureTurns: Int64 { 100 }
 
     /// Advances the queue word's sequence, clears `bits` and sets `more`, with
     /// a releasing update, so that members see the tenant word as it was
@@ -464,8 +482,18 @@ extension FutexMutex {
         let sleeperBit = hasSlept ? Self.parked : 0
         // The turn comes one interval after the last one began.
         let now = MonotonicClock.now
-        let tenured = AtomicMemory.load(from: tenantWord, ordering: .relaxed) != 0
-        let elapsed = min(microsecondsSinceTurn(now), Self.fairnessInterval.nanosecondsSaturating / 1_000)
+        let interval = Self.fairnessInterval.nanosecondsSaturating / 1_000
+        let sinceTurn = microsecondsSinceTurn(now)
+        var tenured = false
+        let tenant = AtomicMemory.load(from: tenantWord, ordering: .relaxed)
+        if tenant != 0 {
+            if sinceTurn > Self.staleTenureTurns * interval {
+                endTenure(of: tenant)
+            } else {
+                tenured = true
+            }
+        }
+        let elapsed = min(sinceTurn, interval)
         let turn = now.advanced(by: Self.fairnessInterval).advanced(by: .microseconds(-elapsed))
         let wakeAt = turn < deadline ? turn : deadline
         if tenured && !lockWordMoves() { leaveTenantsCPU() }

@@ -78,6 +78,11 @@ public struct Lock: Locking, @unchecked Sendable {
     /// Never blocks; a relaxed snapshot that orders nothing.
     public var threadsWaitingForTurn: Int { mutex.threadsWaitingForTurn }
 
+    /// For tests and diagnostics: whether some thread holds the lock's
+    /// tenure (see above), so that other threads that find it held queue for
+    /// a turn. Never blocks; a relaxed snapshot that orders nothing.
+    public var hasTenant: Bool { AtomicMemory.load(from: mutex.tenantWord, ordering: .relaxed) != 0 }
+
     /// Acquires the lock, sleeping while another thread holds it.
     /// Blocks. Acquire ordering. Deadlocks if the caller already holds it.
     @inlinable
