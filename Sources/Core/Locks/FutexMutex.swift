@@ -417,12 +417,13 @@ extension FutexMutex {
         if bumpQueueSequence(clearing: Self.doubt) >= Self.queueMember { Futex(queueWord).wakeAll() }
     }
 
-    /// Turns after which a tenure whose last turn began longer ago is over
-    /// (10 ms). While a tenure is in use, each heir takes the place its
-    /// predecessor left at the start of a turn; one that finds the last turn
-    /// this old comes after a quiet or uncontended stretch, longer than a
-    /// thread that was about to queue stays preempted on a busy machine
-    /// (a time slice is 3–4 ms here).
+    /// Intervals after which a tenure is stale (10 ms): a new heir that finds
+    /// the last turn began longer ago ends the tenure. While a tenure is in
+    /// use, each heir takes the place its predecessor left at the start of a
+    /// turn, so a gap this long means the lock went quiet or uncontended. It
+    /// is longer than a thread on its way to the queue stays preempted on a
+    /// busy machine (a time slice is 3–4 ms here), which would otherwise end
+    /// tenures still in use.
     @usableFromInline static var staleTenureTurns: Int64 { 100 }
 
     /// Advances the queue word's sequence, clears `bits` and sets `more`, with
