@@ -23,7 +23,10 @@
 ///   0.66–0.88 (0.34–0.85) over seven runs at 16, where a turn now and then
 ///   lasts a millisecond or more instead of an interval (the next thread in
 ///   line does not get the CPU it was woken on); pthread's adaptive mutex
-///   0.68, 0.48, 0.34, 0.00.
+///   0.68, 0.48, 0.34, 0.00. Turns need the next thread in line to get a
+///   CPU on time: with CPU-bound work from other processes on every core,
+///   a turn can last a time slice (3–4 ms), and the shares are about as
+///   uneven as the adaptive mutex's (see the README).
 ///   A tenant that waits on a `Condition` or `ConditionVariable` gives up
 ///   its tenure first.
 /// - The heir may move itself to another CPU: if it finds the tenant not
