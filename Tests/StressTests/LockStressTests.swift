@@ -14,18 +14,8 @@ final class Protected: @unchecked Sendable {
     var scratch = [Int](repeating: 0, count: 64)
 }
 
-/// A word the test threads share, read and written atomically.
-final class SharedWord: @unchecked Sendable {
-    // @unchecked: only touched through AtomicMemory.
-    private let word = UnsafeMutablePointer<Int>.allocate(capacity: 1)
-    init() { word.initialize(to: 0) }
-    deinit { word.deallocate() }
-    var value: Int { AtomicMemory.load(from: word, ordering: .acquiring) }
-    func set(_ value: Int) { AtomicMemory.store(value, to: word, ordering: .releasing) }
-}
-
 /// A reusable barrier for test threads (`pthread_barrier_t`).
-final class TestBarrier: @unchecked Sendable {
+private final class TestBarrier: @unchecked Sendable {
     // @unchecked: pthread_barrier_t is made for sharing between threads.
     private let barrier = UnsafeMutablePointer<pthread_barrier_t>.allocate(capacity: 1)
     init(count: Int) {
@@ -189,8 +179,9 @@ struct LockStressTests {
         let lock = Lock()
         let counter = Protected()
         let barrier = TestBarrier(count: 3)
-        let tenantAtRest = SharedWord()
-        let held = SharedWord()
+        // Written by thread 2 between the barriers, which order it.
+        let tenantAtRest = UnsafeBox(0)
+        let held = Latch()
         runThreads(3) { t in
             // Threads 0 and 1 saturate the lock until it has a tenant; thread 1
             // stops 1 ms later, thread 0 2 ms after that. Whichever was the
@@ -215,7 +206,7 @@ struct LockStressTests {
                 // 20 ms of quiet (200 turns): the tenure, if any, goes stale.
                 if t == 2 {
                     usleep(20_000)
-                    tenantAtRest.set(lock.hasTenant ? 1 : MonotonicClock.now < testGiveUpAt ? 0 : -1)
+                    tenantAtRest.value = lock.hasTenant ? 1 : MonotonicClock.now < testGiveUpAt ? 0 : -1
                 }
                 barrier.wait()
                 if tenantAtRest.value != 0 { break }
@@ -223,7 +214,7 @@ struct LockStressTests {
             // Thread 2, which never took the lock, finds it held by thread 0.
             if t == 0 {
                 lock.lock()
-                held.set(1)
+                held.countDown()
                 // Until thread 2 waits for its turn (the heir), then a little.
                 let giveUpAt = MonotonicClock.now.advanced(by: .seconds(2))
                 while lock.threadsWaitingForTurn == 0 && MonotonicClock.now < giveUpAt { sched_yield() }
@@ -231,7 +222,7 @@ struct LockStressTests {
                 counter.value += 1
                 lock.unlock()
             } else if t == 2 {
-                while held.value == 0 { sched_yield() }
+                held.wait()
                 lock.lock()
                 counter.value += 1
                 lock.unlock()
