@@ -19,8 +19,8 @@
 //   machine (8 and 16 oversubscribed: what punishes a lock that spins while
 //   the holder is descheduled). See Contended.swift for how a window is run
 //   and what the time and fairness columns mean. "lock.contended 4 threads
-//   work 20 in 200 out" adds work inside and outside the lock (rounds of
-//   spinWork, ~1.6 ns each). The reference is glibc's adaptive mutex in every
+//   work 20 in 200 out" and "... work 5 in 20 out" add work inside and
+//   outside the lock (rounds of spinWork, ~1.6 ns each). The reference is glibc's adaptive mutex in every
 //   contended group (the best peer is not known in advance: compare
 //   Spindle's row to the best of the others).
 
@@ -307,11 +307,17 @@ let benchmarks: @Sendable () -> Void = {
 
     // MARK: Contended throughput and fairness
 
-    // The bare counter at each N, then one mix nearer real code: about 30 ns
-    // of work inside the lock and 300 ns outside (20 and 200 rounds of
-    // spinWork), so that threads contend without queueing all the time.
+    // The bare counter at each N, then two mixes nearer real code at 4
+    // threads: about 30 ns of work inside the lock and 300 ns outside (20 and
+    // 200 rounds of spinWork), where threads contend without queueing all
+    // the time; and about 8 ns inside and 30 ns outside (5 and 20 rounds),
+    // where the lock is held a third of the time or more and two running
+    // threads collide on most operations.
     let workloads = [2, 4, 8, 16].map { ContendedWorkload(threads: $0) }
-        + [ContendedWorkload(threads: 4, workInside: 20, workOutside: 200)]
+        + [
+            ContendedWorkload(threads: 4, workInside: 20, workOutside: 200),
+            ContendedWorkload(threads: 4, workInside: 5, workOutside: 20),
+        ]
     for workload in workloads {
         sideBySide(
             group: workload.group,
