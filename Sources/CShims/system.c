@@ -14,8 +14,6 @@
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
-
-#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
@@ -55,17 +53,30 @@ int cshims_affinity_set(int32_t tid, const uint64_t *words, size_t nwords) {
     return 0;
 }
 
+// The online CPU count for cshims_leave_current_cpu. sysconf reads it from a
+// sysfs file (microseconds), too slow for every call: it is cached, and read
+// again when a mask disagrees with it, at most once a second, so that after a
+// CPU is plugged in or out threads move again within a second.
+static int cshims_online_for_leave(int mask_count) {
+    static int cached;
+    static long refreshed_at; // CLOCK_MONOTONIC_COARSE seconds, + 1 (0: never)
+    int online = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (online == mask_count && online != 0) return online;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &now);
+    long stamp = (long)now.tv_sec + 1;
+    long last = __atomic_load_n(&refreshed_at, __ATOMIC_RELAXED);
+    if (online != 0 && stamp - last < 1) return online;
+    __atomic_store_n(&refreshed_at, stamp, __ATOMIC_RELAXED);
+    online = cshims_cpu_count_online();
+    __atomic_store_n(&cached, online, __ATOMIC_RELAXED);
+    return online;
+}
+
 int cshims_leave_current_cpu(void) {
-    // The online count, read once (sysconf reads a sysfs file); hot-plugging
-    // a CPU later only makes threads look pinned, which leaves them alone.
-    static int online_cache;
-    int online = __atomic_load_n(&online_cache, __ATOMIC_RELAXED);
-    if (online == 0) {
-        online = cshims_cpu_count_online();
-        __atomic_store_n(&online_cache, online, __ATOMIC_RELAXED);
-    }
     cpu_set_t mask;
     if (sched_getaffinity(0, sizeof mask, &mask) != 0) return -errno;
+    int online = cshims_online_for_leave(CPU_COUNT(&mask));
     if (online < 2 || CPU_COUNT(&mask) != online) return 0;
     int cpu = sched_getcpu();
     if (cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &mask)) return 0;
@@ -133,14 +144,6 @@ int cshims_numa_run_on_node(int node) {
     if (check != 0) return check;
     if (numa_available() < 0) return 0; // one node: it already holds every CPU
     if (numa_run_on_node(node) != 0) return errno ? -errno : -EINVAL;
-    return 0;
-}
-
-int cshims_numa_set_preferred(int node) {
-    int check = cshims_numa_check_node(node);
-    if (check != 0) return check;
-    if (numa_available() < 0) return 0;
-    numa_set_preferred(node); // void: libnuma reports failures through numa_warn
     return 0;
 }
 

@@ -53,7 +53,8 @@ struct SystemShimTests {
         #expect(error == -EINVAL)
         #expect(cshims_numa_alloc_on_node(0, 0, &error) == nil && error == -EINVAL)
         #expect(cshims_numa_run_on_node(Int32(nodes) + 6) == -EINVAL)
-        #expect(cshims_numa_set_preferred(-1) == -EINVAL)
+        #expect(cshims_numa_prefer_node(-1) == -EINVAL)
+        #expect(cshims_numa_prefer_node(Int32(nodes) + 6) == -EINVAL)
     }
 
     @Test func numaRunOnNodeZeroOnAThread() {
@@ -64,7 +65,7 @@ struct SystemShimTests {
             pthread_create(&thread, nil, { arg in
                 let out = arg!.assumingMemoryBound(to: Int32.self)
                 out.pointee = cshims_numa_run_on_node(0)
-                if out.pointee == 0 { out.pointee = cshims_numa_set_preferred(0) }
+                if out.pointee == 0 { out.pointee = cshims_numa_prefer_node(0) }
                 return nil
             }, rcp)
             pthread_join(thread, nil)

@@ -37,7 +37,9 @@ int cshims_affinity_set(int32_t tid, const uint64_t *words, size_t nwords);
 // more than CPU_SETSIZE. Returns 1 if the thread moved, 0 if it was left
 // alone, -errno if a call failed (if the restoring call failed, the mask
 // still leaves out that CPU). A sched_setaffinity(2) on this thread by
-// another thread between the two calls is undone by the second.
+// another thread between the two calls is undone by the second. The online
+// count is cached and read again at most once a second when a mask
+// disagrees with it, so after CPU hot-plug threads may stay put for a second.
 int cshims_leave_current_cpu(void);
 
 // libnuma. cshims_numa_available() is 1 when the kernel reports NUMA support
@@ -52,8 +54,6 @@ void *cshims_numa_alloc_on_node(size_t size, int node, int *error);
 void cshims_numa_free(void *ptr, size_t size);
 // Restricts the calling thread to the CPUs of `node` (numa_run_on_node(3)).
 int cshims_numa_run_on_node(int node);
-// Makes the calling thread's allocations prefer `node` (numa_set_preferred(3)).
-int cshims_numa_set_preferred(int node);
 
 // Sets the calling thread's timer slack (prctl(PR_SET_TIMERSLACK)): how
 // much later than asked the kernel may end its timed sleeps, to batch
