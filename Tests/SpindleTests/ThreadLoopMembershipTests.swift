@@ -202,6 +202,47 @@ struct ThreadLoopMembershipTests {
         }
     }
 
+    /// When a loop's thread exits, its timers are invalidated and its
+    /// observers leave every mode, so that a dead loop that something still
+    /// holds keeps neither (nor what their handlers capture) alive. Adding a
+    /// timer to the dead loop invalidates it; adding an observer is a no-op.
+    @Test func exitingThreadLetsGoOfItsLoopsTimersAndObservers() {
+        final class Tracker: @unchecked Sendable {
+            let released: UnsafeBox<Bool>
+            init(_ released: UnsafeBox<Bool>) { self.released = released }
+            deinit { released.value = true }
+        }
+        let observerReleased = UnsafeBox(false)
+        let timerReleased = UnsafeBox(false)
+        let kept = LoopTimer(after: .seconds(3600), interval: .seconds(1)) { _ in }
+        let dead = UnsafeBox<ThreadLoop?>(nil)
+        let exit = startThread {
+            let loop = ThreadLoop.current
+            let observerTracker = Tracker(observerReleased)
+            let timerTracker = Tracker(timerReleased)
+            loop.add(LoopObserver(activities: .entry) { _, _ in _ = observerTracker }, forMode: .common)
+            loop.add(LoopTimer(after: .seconds(3600)) { _ in _ = timerTracker }, forMode: "other")
+            loop.add(kept, forMode: .common)
+            loop.add(kept, forMode: "other")
+            #expect(kept.isValid)
+            dead.value = loop
+        }
+        exit()
+        let loop = dead.value!
+        #expect(!kept.isValid)
+        #expect(observerReleased.value && timerReleased.value)
+
+        let late = LoopTimer(after: .seconds(1)) { _ in }
+        loop.add(late, forMode: .default)
+        #expect(!late.isValid)
+        let lateObserverReleased = UnsafeBox(false)
+        do {
+            let tracker = Tracker(lateObserverReleased)
+            loop.add(LoopObserver(activities: .entry) { _, _ in _ = tracker }, forMode: .default)
+        }
+        #expect(lateObserverReleased.value)
+    }
+
     /// When a loop's thread exits, its sources leave every mode: `cancel`
     /// runs once per mode, on the exiting thread. They stay valid; the dead
     /// loop ignores them from then on, and another loop takes and fires

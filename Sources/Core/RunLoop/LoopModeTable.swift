@@ -224,6 +224,20 @@ struct LoopModeTable {
         update(mode, creating: false) { _ = $0.observers.removeIdentical(observer) }
     }
 
+    /// Empties every mode and the record of timers and observers (for a loop
+    /// whose thread has exited); returns the timers, each once.
+    mutating func removeAllTimersAndObservers() -> [LoopTimer] {
+        var timers = common.timers
+        for slot in modes.indices {
+            for timer in modes[slot].timers where !timers.containsIdentical(timer) { timers.append(timer) }
+            modes[slot].timers.removeAll()
+            modes[slot].observers.removeAll()
+        }
+        common.timers.removeAll()
+        common.observers.removeAll()
+        return timers
+    }
+
     /// Drops `mode`'s invalidated observers and returns those watching
     /// `activity`, in order.
     mutating func observers(in mode: LoopMode, watching activity: LoopActivity) -> [LoopObserver] {

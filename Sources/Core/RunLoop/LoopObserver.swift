@@ -38,7 +38,10 @@ public final class LoopObserver: @unchecked Sendable {
     /// Whether the observer can still fire.
     public var isValid: Bool { AtomicMemory.load(from: valid, ordering: .acquiring) != 0 }
 
-    /// Stops the observer for good and removes it from its loop. Any thread.
+    /// Stops the observer for good. Any thread. Its loops drop it the next
+    /// time they notify a mode that holds it, or when their thread exits;
+    /// until then they keep it, and what its handler captures, alive (a mode
+    /// that never runs again keeps it until `remove(_:forMode:)`).
     public func invalidate() {
         AtomicMemory.store(0, to: valid, ordering: .releasing)
     }

@@ -27,8 +27,9 @@ import Glibc
 /// when it watches no descriptors, which is the fastest wake-up here).
 ///
 /// When the thread exits, its loop lets go of its sources (each one's
-/// `cancel` runs, once per mode, on the exiting thread) and drops its
-/// queued performs; see `ownerThreadExited`.
+/// `cancel` runs, once per mode, on the exiting thread), its timers (which
+/// are invalidated) and its observers, and drops its queued performs; see
+/// `ownerThreadExited`.
 public final class ThreadLoop: @unchecked Sendable {
     // @unchecked: configuration and queues are guarded by `lock`; run state
     // is touched only by the owning thread; the stop flag is atomic.
@@ -235,18 +236,25 @@ public final class ThreadLoop: @unchecked Sendable {
 
     /// Adds `timer` to `mode` (or every common mode). A timer belongs to one
     /// loop: adding it to a second loop is a precondition failure, even after
-    /// the first is gone. Adding an invalidated timer is a no-op. Any thread;
-    /// wakes the loop if called from another thread. Takes the loop's lock
-    /// briefly; allocates nothing for one mode once its array has room. The
-    /// loop's lock orders it: what the caller wrote before is visible to the
-    /// handler.
+    /// the first is gone. Adding an invalidated timer is a no-op. Once the
+    /// loop's thread has exited, adding a timer invalidates it (it now
+    /// belongs to a loop that will never run). Any thread; wakes the loop if
+    /// called from another thread. Takes the loop's lock briefly; allocates
+    /// nothing for one mode once its array has room. The loop's lock orders
+    /// it: what the caller wrote before is visible to the handler.
     public func add(_ timer: LoopTimer, forMode mode: LoopMode = .default) {
         timer.claim(for: identity)
-        lock.withLock {
+        let dead = lock.withLock {
+            if threadHasExited { return true }
             // Checked under the lock, after the claim: see LoopTimer.invalidate().
             if timer.isValidForAdd { table.insert(timer, in: mode) }
+            return false
         }
-        if !isCurrent { wakeUp() }
+        if dead {
+            timer.invalidate()
+        } else if !isCurrent {
+            wakeUp()
+        }
     }
 
     /// Removes `timer` from `mode` (or from `.common` and every common mode)
@@ -264,11 +272,14 @@ public final class ThreadLoop: @unchecked Sendable {
 
     // MARK: - Observers
 
-    /// Adds `observer` to `mode` (or every common mode). Adding it again, or
-    /// adding an invalidated observer, is a no-op. Any thread.
+    /// Adds `observer` to `mode` (or every common mode). Adding it again,
+    /// adding an invalidated observer, or adding one once the loop's thread
+    /// has exited, is a no-op. Any thread.
     public func add(_ observer: LoopObserver, forMode mode: LoopMode = .default) {
         guard observer.isValid else { return }
-        lock.withLock { table.insert(observer, in: mode) }
+        lock.withLock {
+            if !threadHasExited { table.insert(observer, in: mode) }
+        }
     }
 
     /// Removes `observer` from `mode` (or from `.common` and every common
@@ -592,20 +603,26 @@ public final class ThreadLoop: @unchecked Sendable {
     /// Every source leaves every mode, as if removed, and its `cancel`
     /// callback runs for each mode it left, on the exiting thread (the
     /// guide's cue for a client to stop sending it work); the source stays
-    /// valid and may be added to another loop. From here on `add` ignores
-    /// sources. Timers and observers stay, inert: nothing runs the loop.
+    /// valid and may be added to another loop. Timers are invalidated (a
+    /// timer belongs to one loop for good, and this one will never run
+    /// again) and observers leave every mode (they stay valid), so that
+    /// neither their handlers nor what those capture outlive the thread
+    /// while something still holds the loop. From here on `add` ignores
+    /// sources and observers and invalidates timers.
     func ownerThreadExited() {
-        let (dropped, removed): ([PendingPerform], [(LoopSource, ChangedModes)]) = lock.withLock {
-            threadHasExited = true
-            defer { performs.removeAll() }
-            let removed = table.removeAllSources()
-            for (source, _) in removed { forgetDescriptor(source) }
-            return (performs, removed)
-        }
+        let (dropped, removed, timers): ([PendingPerform], [(LoopSource, ChangedModes)], [LoopTimer]) =
+            lock.withLock {
+                threadHasExited = true
+                defer { performs.removeAll() }
+                let removed = table.removeAllSources()
+                for (source, _) in removed { forgetDescriptor(source) }
+                return (performs, removed, table.removeAllTimersAndObservers())
+            }
         // Still the owner: stop watching the removed sources' descriptors now.
         applyPendingChanges()
         for p in dropped { p.completion?.finish(ran: false) }
         for (source, left) in removed { left.forEach { source.onCancel?(self, $0) } }
+        for timer in timers { timer.invalidate() }
     }
 }
 
