@@ -20,9 +20,9 @@
 //   the holder is descheduled). See Contended.swift for how a window is run
 //   and what the time and fairness columns mean. "lock.contended 4 threads
 //   work 20 in 200 out" and "... work 5 in 20 out" add work inside and
-//   outside the lock (rounds of spinWork, ~1.6 ns each). The reference is glibc's adaptive mutex in every
-//   contended group (the best peer is not known in advance: compare
-//   Spindle's row to the best of the others).
+//   outside the lock (rounds of spinWork, ~1.6 ns each). The reference is
+//   glibc's adaptive mutex in every contended group (the best peer is not
+//   known in advance: compare Spindle's row to the best of the others).
 
 import Benchmark
 import BenchSupport

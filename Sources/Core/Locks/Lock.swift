@@ -26,9 +26,9 @@
 ///   it was woken on); pthread's adaptive mutex 0.94, 0.78, 0.44, 0.03. Turns
 ///   need the next thread in line to get a CPU on time: with CPU-bound work
 ///   from other processes on every core, a turn can last a time slice
-///   (3–4 ms), and the shares are about as uneven as the adaptive mutex's (see the
-///   README). A tenant that waits on a `Condition` or `ConditionVariable`
-///   gives up its tenure first.
+///   (3–4 ms), and the shares are about as uneven as the adaptive mutex's
+///   (see the README). A tenant that waits on a `Condition` or
+///   `ConditionVariable` gives up its tenure first.
 /// - The heir may move itself to another CPU: if it finds the tenant not
 ///   running while it runs itself, they most likely share a CPU, where the
 ///   heir could wait behind the tenant for a whole scheduler tick. Only a
