@@ -202,6 +202,60 @@ struct ThreadLoopMembershipTests {
         }
     }
 
+    /// A mode that is not common leaves the loop when its last source, timer
+    /// or observer does (removed, invalidated, or a one-shot timer fired), so
+    /// that a loop that runs many short-lived modes does not accumulate them.
+    /// Common modes stay.
+    @Test(arguments: availableBackends)
+    func emptiedModesLeaveTheLoop(kind: EventBackendKind) {
+        onLoopThread(kind) { loop in
+            let source = LoopSource { _ in }
+            let timer = LoopTimer(after: .seconds(3600)) { _ in }
+            let observer = LoopObserver(activities: .entry) { _, _ in }
+            let transient = (0..<20).map { LoopMode("transient \($0)") }
+            for mode in transient {
+                loop.add(source, forMode: mode)
+                loop.add(timer, forMode: mode)
+                loop.add(observer, forMode: mode)
+            }
+            #expect(loop.allModes == Set(transient).union([.default]))
+            for mode in transient {
+                loop.remove(source, forMode: mode)
+                loop.remove(observer, forMode: mode)
+                #expect(loop.allModes.contains(mode))
+                loop.remove(timer, forMode: mode)
+                #expect(!loop.allModes.contains(mode))
+            }
+            #expect(loop.allModes == [.default])
+
+            // Invalidation and firing empty a mode too.
+            let doomed = LoopTimer(after: .seconds(3600)) { _ in }
+            loop.add(doomed, forMode: "invalidated")
+            doomed.invalidate()
+            let fired = UnsafeBox(0)
+            loop.add(LoopTimer(after: .zero) { _ in fired.value += 1 }, forMode: "one-shot")
+            #expect(loop.run(mode: "one-shot", timeout: .seconds(10), returnAfterSourceHandled: false) == .finished)
+            #expect(fired.value == 1)
+            // An invalidated observer goes at the next pass that notifies.
+            let watcher = LoopObserver(activities: .entry) { _, _ in }
+            loop.add(watcher, forMode: "observed")
+            loop.add(source, forMode: "observed")
+            watcher.invalidate()
+            _ = loop.run(mode: "observed", timeout: .zero)
+            loop.remove(source, forMode: "observed")
+            #expect(loop.allModes == [.default])
+
+            // A common mode stays when emptied, and keeps getting `.common` items.
+            loop.addCommonMode("tracking")
+            loop.add(source, forMode: "tracking")
+            loop.remove(source, forMode: "tracking")
+            #expect(loop.allModes == [.default, "tracking"])
+            loop.add(source, forMode: .common)
+            #expect(loop.contains(source, inMode: "tracking"))
+            loop.remove(source, forMode: .common)
+        }
+    }
+
     /// When a loop's thread exits, its timers are invalidated and its
     /// observers leave every mode, so that a dead loop that something still
     /// holds keeps neither (nor what their handlers capture) alive. Adding a

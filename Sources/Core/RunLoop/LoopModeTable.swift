@@ -9,11 +9,17 @@
 ///
 /// Adding to or removing from one concrete mode allocates nothing once the
 /// mode's arrays have room; only a change to several modes at once (through
-/// `.common`, or invalidation) builds a list of them.
+/// `.common`, or invalidation) builds a list of them. A mode that is not
+/// common is dropped when its last item leaves, so that modes a loop used
+/// for a while (a modal run's own mode, say) leave nothing behind; adding
+/// to it again allocates its arrays again.
 struct LoopModeTable {
     /// One mode's items. Each item is in it at most once.
     struct Items {
         let mode: LoopMode
+        /// Whether `mode` is in the common-modes set (which only grows), kept
+        /// here so that dropping an emptied mode hashes no name.
+        var isCommon = false
         /// Sorted by `order`, stable: equal orders stay in the order added.
         var sources: [LoopSource] = []
         var timers: [LoopTimer] = []
@@ -37,8 +43,9 @@ struct LoopModeTable {
         }
     }
 
-    /// Every concrete mode used so far with its items. A mode keeps its slot
-    /// for the table's life (a loop uses few modes), so slots never move.
+    /// Every concrete mode that holds an item or is common (once used), with
+    /// its items, in the order first used. Slots move only when an emptied
+    /// mode is dropped (`dropIfEmpty`); nobody keeps one across calls.
     private(set) var modes: [Items] = []
     /// Where each mode of `modes` is.
     private var slots: [LoopMode: Int] = [:]
@@ -53,9 +60,29 @@ struct LoopModeTable {
 
     // MARK: Modes
 
-    /// `mode`'s items, if the mode was ever used (`.common` has none).
+    /// `mode`'s items, if it holds any or is a common mode that was used
+    /// (`.common` has none).
     func items(in mode: LoopMode) -> Items? {
         slot(mode).map { modes[$0] }
+    }
+
+    /// The modes that hold an item, and the common modes.
+    var allModes: Set<LoopMode> {
+        commonModes.union(modes.lazy.map(\.mode))
+    }
+
+    /// Drops the mode in `slot` if it holds nothing and is not common.
+    private mutating func dropIfEmpty(_ slot: Int) {
+        guard !modes[slot].isCommon && modes[slot].sources.isEmpty && modes[slot].timers.isEmpty
+            && modes[slot].observers.isEmpty
+        else { return }
+        slots[modes.remove(at: slot).mode] = nil
+        for moved in slot..<modes.count { slots[modes[moved].mode] = moved }
+    }
+
+    /// Drops every mode that holds nothing and is not common.
+    private mutating func dropEmptyModes() {
+        for slot in modes.indices.reversed() { dropIfEmpty(slot) }
     }
 
     /// Up to this many modes, `slot` compares names instead of hashing one.
@@ -70,7 +97,7 @@ struct LoopModeTable {
 
     private mutating func slotCreating(_ mode: LoopMode) -> Int {
         if let slot = slot(mode) { return slot }
-        modes.append(Items(mode: mode))
+        modes.append(Items(mode: mode, isCommon: commonModes.contains(mode)))
         slots[mode] = modes.count - 1
         return modes.count - 1
     }
@@ -85,13 +112,15 @@ struct LoopModeTable {
 
     /// Applies `change` to the items of `mode`, or for `.common` to the
     /// record and every common mode. With `creating`, modes not used yet are
-    /// made; without it they are skipped.
+    /// made (for adding); without it they are skipped, and a mode the change
+    /// emptied is dropped (for removing).
     private mutating func update(_ mode: LoopMode, creating: Bool, _ change: (inout Items) -> Void) {
         if mode == .common {
             change(&common)
             forEachCommonMode(creating: creating, change)
         } else if let s = creating ? slotCreating(mode) : slot(mode) {
             change(&modes[s])
+            if !creating { dropIfEmpty(s) }
         }
     }
 
@@ -101,6 +130,7 @@ struct LoopModeTable {
     mutating func addCommonMode(_ mode: LoopMode) -> [LoopSource]? {
         guard commonModes.insert(mode).inserted else { return nil }
         let slot = slotCreating(mode)
+        modes[slot].isCommon = true
         var joined: [LoopSource] = []
         for s in common.sources where !modes[slot].sources.containsIdentical(s) && s.join(identity) {
             modes[slot].insert(s)
@@ -145,6 +175,7 @@ struct LoopModeTable {
     mutating func remove(_ source: LoopSource, from mode: LoopMode) -> (left: ChangedModes, leftLoop: Bool) {
         guard mode == .common else {
             guard let slot = slot(mode), modes[slot].sources.removeIdentical(source) else { return (ChangedModes(), false) }
+            dropIfEmpty(slot)
             return (ChangedModes(mode), source.leave(identity))
         }
         _ = common.sources.removeIdentical(source)
@@ -163,7 +194,10 @@ struct LoopModeTable {
         for slot in modes.indices where modes[slot].sources.removeIdentical(source) {
             left.append(modes[slot].mode)
         }
-        if !left.isEmpty { _ = source.leave(identity, modes: left.count) }
+        if !left.isEmpty {
+            _ = source.leave(identity, modes: left.count)
+            dropEmptyModes()
+        }
         return left
     }
 
@@ -211,7 +245,8 @@ struct LoopModeTable {
     /// Removes `timer` from the record and every mode.
     mutating func removeEverywhere(_ timer: LoopTimer) {
         _ = common.timers.removeIdentical(timer)
-        for slot in modes.indices { _ = modes[slot].timers.removeIdentical(timer) }
+        // Backwards, so that dropping a mode moves only slots already visited.
+        for slot in modes.indices.reversed() where modes[slot].timers.removeIdentical(timer) { dropIfEmpty(slot) }
     }
 
     /// Adds `observer` to `mode` (and the record, for `.common`), where absent.
@@ -235,6 +270,7 @@ struct LoopModeTable {
         }
         common.timers.removeAll()
         common.observers.removeAll()
+        dropEmptyModes()
         return timers
     }
 
@@ -243,7 +279,9 @@ struct LoopModeTable {
     mutating func observers(in mode: LoopMode, watching activity: LoopActivity) -> [LoopObserver] {
         guard let slot = slot(mode), !modes[slot].observers.isEmpty else { return [] }
         modes[slot].observers.removeAll { !$0.isValid }
-        return modes[slot].observers.filter { $0.activities.contains(activity) }
+        let watching = modes[slot].observers.filter { $0.activities.contains(activity) }
+        if modes[slot].observers.isEmpty { dropIfEmpty(slot) }
+        return watching
     }
 }
 

@@ -125,6 +125,12 @@ public final class ThreadLoop: @unchecked Sendable {
     /// The modes in the common-modes set (initially `[.default]`).
     public var commonModes: Set<LoopMode> { lock.withLock { table.commonModes } }
 
+    /// The loop's modes: those that hold a source, timer or observer, and the
+    /// common modes. A mode that is not common leaves the set when its last
+    /// item leaves it, so modes used for a while cost nothing afterwards.
+    /// Any thread; takes the loop's lock briefly; a snapshot.
+    public var allModes: Set<LoopMode> { lock.withLock { table.allModes } }
+
     /// Adds `mode` to the common-modes set: it gets every item added to
     /// `.common`, now and later, and those sources' `schedule` callbacks run
     /// for it, on the calling thread. Any thread; wakes the loop.
