@@ -274,14 +274,18 @@ struct LoopModeTable {
         return timers
     }
 
-    /// Drops `mode`'s invalidated observers and returns those watching
-    /// `activity`, in order.
-    mutating func observers(in mode: LoopMode, watching activity: LoopActivity) -> [LoopObserver] {
+    /// Drops `mode`'s invalidated observers and returns the others, in
+    /// order: the mode's own array, so a pass copies nothing unless the
+    /// mode changes while the caller holds it.
+    mutating func observers(in mode: LoopMode) -> [LoopObserver] {
         guard let slot = slot(mode), !modes[slot].observers.isEmpty else { return [] }
-        modes[slot].observers.removeAll { !$0.isValid }
-        let watching = modes[slot].observers.filter { $0.activities.contains(activity) }
-        if modes[slot].observers.isEmpty { dropIfEmpty(slot) }
-        return watching
+        if modes[slot].observers.contains(where: { !$0.isValid }) {
+            modes[slot].observers.removeAll { !$0.isValid }
+            let remaining = modes[slot].observers
+            if remaining.isEmpty { dropIfEmpty(slot) }
+            return remaining
+        }
+        return modes[slot].observers
     }
 }
 

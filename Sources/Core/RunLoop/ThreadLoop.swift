@@ -416,8 +416,8 @@ public final class ThreadLoop: @unchecked Sendable {
     }
 
     private func notify(_ activity: LoopActivity, _ mode: LoopMode) {
-        let observers = lock.withLock { table.observers(in: mode, watching: activity) }
-        for o in observers where o.isValid {
+        let observers = lock.withLock { table.observers(in: mode) }
+        for o in observers where o.activities.contains(activity) && o.isValid {
             if !o.repeats { o.invalidate() }
             o.handler(o, activity)
         }
@@ -444,9 +444,10 @@ public final class ThreadLoop: @unchecked Sendable {
     }
 
     private func fireSignaledSources(_ mode: LoopMode, stopAfterOne: Bool) -> Bool {
-        let sources: [LoopSource] = lock.withLock { table.items(in: mode)?.sources.filter { $0.kind == .custom } ?? [] }
+        // The mode's array itself: no copy unless the mode changes meanwhile.
+        let sources: [LoopSource] = lock.withLock { table.items(in: mode)?.sources ?? [] }
         var handled = false
-        for s in sources where s.consumeSignal() {
+        for s in sources where s.kind == .custom && s.consumeSignal() {
             guard s.isValid else { continue }
             s.onPerform?(s)
             handled = true
