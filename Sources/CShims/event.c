@@ -4,6 +4,7 @@
 #include <stdint.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -12,6 +13,8 @@
 _Static_assert(CSHIMS_EVENT_READABLE == EPOLLIN && CSHIMS_EVENT_WRITABLE == EPOLLOUT &&
                    CSHIMS_EVENT_ERROR == EPOLLERR && CSHIMS_EVENT_HANGUP == EPOLLHUP,
                "readiness bits must match epoll's");
+_Static_assert(CSHIMS_FD_REGULAR == S_IFREG && CSHIMS_FD_DIRECTORY == S_IFDIR,
+               "file type constants must match <sys/stat.h>");
 
 int cshims_eventfd_create(void) {
     int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -80,6 +83,12 @@ int cshims_epoll_wait(int epfd, uint64_t *tokens, uint32_t *events, int max, int
         events[i] = evs[i].events;
     }
     return n;
+}
+
+int cshims_fd_type(int fd) {
+    struct stat st;
+    if (fstat(fd, &st) != 0) return -errno;
+    return (int)(st.st_mode & S_IFMT);
 }
 
 int cshims_close(int fd) { return close(fd) == 0 ? 0 : -errno; }

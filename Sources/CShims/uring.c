@@ -100,11 +100,20 @@ int cshims_uring_submit_and_wait(cshims_uring *r, int64_t timeout_ns) {
         if (rc < 0) return rc;
         return io_uring_peek_cqe(&r->ring, &cqe) == 0 ? 0 : -ETIME;
     }
-    if (timeout_ns < 0) return io_uring_submit_and_wait(&r->ring, 1) < 0 ? -errno : 0;
+    // liburing returns -errno itself and leaves errno alone (2.3 does not
+    // set it), so its result is passed up as it is.
+    if (timeout_ns < 0) {
+        int rc = io_uring_submit_and_wait(&r->ring, 1);
+        return rc < 0 ? rc : 0;
+    }
     struct __kernel_timespec ts = {.tv_sec = timeout_ns / 1000000000LL,
                                    .tv_nsec = timeout_ns % 1000000000LL};
     int rc = io_uring_submit_and_wait_timeout(&r->ring, &cqe, 1, &ts, NULL);
     return rc < 0 ? rc : 0;
+}
+
+int cshims_uring_has_unsubmitted(const cshims_uring *r) {
+    return io_uring_sq_ready(&r->ring) != 0;
 }
 
 int cshims_uring_next_completion(cshims_uring *r, uint64_t *user_data, int32_t *result,

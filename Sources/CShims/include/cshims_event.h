@@ -31,6 +31,12 @@ int cshims_epoll_remove(int epfd, int fd);
 // pairs and returns how many.
 int cshims_epoll_wait(int epfd, uint64_t *tokens, uint32_t *events, int max, int64_t timeout_ns);
 
+// The descriptor's file type (st_mode & S_IFMT: CSHIMS_FD_REGULAR...), or
+// -EBADF when it is not open (fstat(2)).
+int cshims_fd_type(int fd);
+#define CSHIMS_FD_REGULAR 0100000
+#define CSHIMS_FD_DIRECTORY 0040000
+
 int cshims_close(int fd);
 
 #endif // CSHIMS_EVENT_H

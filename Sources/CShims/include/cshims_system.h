@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/syscall.h>
@@ -15,6 +16,16 @@
 
 // The calling thread's kernel thread id (gettid(2)).
 CSHIMS_INLINE int32_t cshims_gettid(void) { return (int32_t)syscall(SYS_gettid); }
+
+// fork(2): the child's pid in the parent, 0 in the child, or -errno. For
+// tests of Spindle's behaviour across fork (Swift marks fork unavailable).
+CSHIMS_INLINE int32_t cshims_fork(void) {
+    pid_t pid = fork();
+    return pid < 0 ? -errno : (int32_t)pid;
+}
+
+// Sends `sig` to one thread of this process (pthread_kill(3)); 0 or -errno.
+CSHIMS_INLINE int cshims_thread_kill(pthread_t thread, int sig) { return -pthread_kill(thread, sig); }
 
 // Online CPUs (sysconf(_SC_NPROCESSORS_ONLN)), configured CPUs, and the page size.
 int cshims_cpu_count_online(void);

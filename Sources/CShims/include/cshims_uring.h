@@ -1,5 +1,7 @@
 // io_uring through liburing. The ring is opaque here; the Ring layer builds on
-// these calls. Every function returns 0 or -errno unless stated.
+// these calls. Every function returns 0 or -errno unless stated: liburing's
+// own negative results are passed up unchanged (liburing 2.3 returns -errno
+// without setting errno, so errno must never be read after its calls).
 #ifndef CSHIMS_URING_H
 #define CSHIMS_URING_H
 
@@ -57,6 +59,9 @@ int cshims_uring_queue_poll_remove(cshims_uring *ring, uint64_t target, uint64_t
 // the kernel has EXT_ARG. Returns 0 when a completion is ready, -ETIME on
 // timeout, -EINTR, or another -errno.
 int cshims_uring_submit_and_wait(cshims_uring *ring, int64_t timeout_ns);
+
+// 1 when entries are queued that the kernel has not been handed yet, else 0.
+int cshims_uring_has_unsubmitted(const cshims_uring *ring);
 
 // Takes the next ready completion without waiting: returns 1 and fills the
 // outputs, or 0 when none is ready. `more` is 1 when a multishot request

@@ -7,24 +7,30 @@ import Glibc
 /// The epoll backend: an epoll instance, an eventfd for wake-ups, and
 /// `epoll_pwait2` for nanosecond timeouts. Chosen when io_uring is refused,
 /// or by `SPINDLE_EVENT_BACKEND=epoll`. See `EventBackend`.
-public final class EpollEventBackend: EventBackend, @unchecked Sendable {
-    // @unchecked: `armed` and the buffers are loop-thread only; `wake()`
-    // touches only the atomic wake state and the eventfd.
+///
+/// A watch is an `EPOLLONESHOT` entry whose data is the watch's key. After it
+/// reports, the kernel keeps the entry, disabled, until it is modified or
+/// deleted, or until the descriptor's file is closed, which deletes it
+/// silently. So the registry's record can be stale in both directions: a
+/// descriptor number it believes watched may have been closed and reused
+/// (modify finds nothing: ENOENT, add instead), and one it believes free may
+/// still be in the set (add finds it: EEXIST, modify instead).
+package final class EpollEventBackend: EventBackend, @unchecked Sendable {
+    // @unchecked: the buffers are touched only by the registry's owner
+    // thread in `enterKernel`; `signalWaker()` only writes the eventfd.
 
-    public var kind: EventBackendKind { .epoll }
+    package var kind: EventBackendKind { .epoll }
     private let epfd: Int32
     private let wakeFD: Int32
-    private let wakeState = LoopWakeState()
-    /// Descriptors currently added to the epoll set.
-    private var armed: Set<Int32> = []
-    private var tokens = [UInt64](repeating: 0, count: 64)
+    private var keys = [UInt64](repeating: 0, count: 64)
     private var masks = [UInt32](repeating: 0, count: 64)
 
-    static let wakeToken: UInt64 = 0
+    /// The waker's key: no watch has it (a watch's generation is never 0).
+    static let wakeKey: UInt64 = 0
 
     /// Creates the epoll instance and its eventfd. Throws when the process
     /// is out of descriptors or memory.
-    public init() throws(SystemCallError) {
+    package init() throws(SystemCallError) {
         let ep = cshims_epoll_create()
         guard ep >= 0 else { throw SystemCallError(call: "epoll_create1", code: -ep) }
         let ev = cshims_eventfd_create()
@@ -33,7 +39,7 @@ public final class EpollEventBackend: EventBackend, @unchecked Sendable {
             throw SystemCallError(call: "eventfd", code: -ev)
         }
         // The waker stays armed: level-triggered, drained on each report.
-        let rc = cshims_epoll_add_persistent(ep, ev, Readiness.readable.rawValue, Self.wakeToken)
+        let rc = cshims_epoll_add_persistent(ep, ev, Readiness.readable.rawValue, Self.wakeKey)
         guard rc == 0 else {
             _ = cshims_close(ep)
             _ = cshims_close(ev)
@@ -48,73 +54,48 @@ public final class EpollEventBackend: EventBackend, @unchecked Sendable {
         _ = cshims_close(epfd)
     }
 
-    public func arm(_ fd: Int32, for interest: Readiness, token: UInt64) throws(SystemCallError) {
-        require(token != Self.wakeToken && token != .max, "EventBackend.arm: token \(token) is reserved")
-        let modify = armed.contains(fd)
-        let rc = cshims_epoll_arm(epfd, fd, interest.rawValue, token, modify ? 1 : 0)
-        if rc == -EEXIST {
-            // Added by a previous arming we lost track of: re-arm instead.
-            let again = cshims_epoll_arm(epfd, fd, interest.rawValue, token, 1)
-            guard again == 0 else { throw SystemCallError(call: "epoll_ctl", code: -again) }
-        } else if rc != 0 {
-            throw SystemCallError(call: "epoll_ctl", code: -rc)
+    package func watch(_ fd: Int32, for interest: Readiness, key: UInt64, replacing current: KernelWatch?) -> Int32 {
+        let modify: Int32 = current == nil ? 0 : 1
+        var rc = cshims_epoll_arm(epfd, fd, interest.rawValue, key, modify)
+        if rc == -ENOENT && modify == 1 {
+            // Closed (which dropped the entry) and the number reused.
+            rc = cshims_epoll_arm(epfd, fd, interest.rawValue, key, 0)
+        } else if rc == -EEXIST && modify == 0 {
+            // An entry the registry had let go of is still in the set: the
+            // same file under another registration's old watch.
+            rc = cshims_epoll_arm(epfd, fd, interest.rawValue, key, 1)
         }
-        armed.insert(fd)
+        return rc
     }
 
-    public func disarm(_ fd: Int32, token: UInt64) {
-        guard armed.remove(fd) != nil else { return }
-        // EBADF/ENOENT: the descriptor was closed (which removes it) first.
+    package func unwatch(_ fd: Int32, current: KernelWatch) {
+        // ENOENT/EBADF: the descriptor was closed first, which removed it.
         _ = cshims_epoll_remove(epfd, fd)
     }
 
-    public func wait(until deadline: MonotonicClock.Instant?, events: inout [ReadyEvent]) -> Bool {
-        var timeout = timeoutNanoseconds(until: deadline)
-        if timeout != 0 {
-            switch wakeState.waitBeforeKernel(until: deadline, descriptorsArmed: !(armed.isEmpty)) {
-            case .woken:
-                // Do not delay descriptors that are ready too.
-                if !armed.isEmpty { _ = wait(until: MonotonicClock.Instant(nanoseconds: 0), events: &events) }
-                return true
-            case .timedOut:
-                timeout = 0  // still collect anything ready below
-            case .sleepInKernel:
-                break
+    package var hasUnsubmittedChanges: Bool { false }
+
+    package func enterKernel(timeoutNanoseconds: Int64, completions: inout [KernelCompletion]) -> (rc: Int32, woken: Bool) {
+        let n = keys.withUnsafeMutableBufferPointer { k in
+            masks.withUnsafeMutableBufferPointer { m in
+                cshims_epoll_wait(epfd, k.baseAddress, m.baseAddress, Int32(k.count), timeoutNanoseconds)
             }
         }
+        guard n >= 0 else { return (n, false) }
         var woken = false
-        // A poll (timeout 0) does not announce sleep; a wake meanwhile stays
-        // pending for the next wait.
-        let sleeping = timeout != 0 && wakeState.enterSleep()
-        if timeout != 0 && !sleeping {
-            timeout = 0
-            woken = true
-        }
-        wakeState.noteWait()
-        var n: Int32
-        repeat {
-            n = tokens.withUnsafeMutableBufferPointer { t in
-                masks.withUnsafeMutableBufferPointer { m in
-                    cshims_epoll_wait(epfd, t.baseAddress, m.baseAddress, Int32(t.count), timeout)
-                }
-            }
-        } while n == -EINTR
-        if sleeping && wakeState.leaveSleep() { woken = true }
-        if n < 0 { misuse("epoll_pwait2 failed: \(errnoDescription(-n))") }
         for i in 0..<Int(n) {
-            if tokens[i] == Self.wakeToken {
+            if keys[i] == Self.wakeKey {
                 _ = cshims_eventfd_drain(wakeFD)
                 woken = true
             } else {
-                events.append(ReadyEvent(token: tokens[i], readiness: Readiness(rawValue: masks[i])))
+                completions.append(KernelCompletion(key: keys[i], result: Int32(bitPattern: masks[i])))
             }
         }
-        return woken
+        return (0, woken)
     }
 
-    public func wake() {
-        wakeState.wake(signalling: wakeFD)
+    package func signalWaker() {
+        let rc = cshims_eventfd_signal(wakeFD)
+        if rc < 0 && rc != -EAGAIN { misuse("eventfd write failed: \(errnoDescription(-rc))") }
     }
-
-    public var statistics: EventBackendStatistics { wakeState.statistics }
 }

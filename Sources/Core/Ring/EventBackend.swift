@@ -27,15 +27,27 @@ public struct Readiness: OptionSet, Sendable, Hashable {
     public static let hangup = Readiness(rawValue: CSHIMS_EVENT_HANGUP)
 }
 
-/// A descriptor that became ready, with the token it was armed with.
-public struct ReadyEvent: Sendable, Hashable {
-    /// The token the descriptor was armed with.
-    public var token: UInt64
-    /// What the kernel reported (may include `.error` and `.hangup`).
-    public var readiness: Readiness
+/// What a registration's wait reported: the descriptor became ready, or it
+/// can no longer be watched.
+package struct ReadyEvent: Sendable, Hashable {
+    /// The registration's token (`EventRegistry.register`).
+    package var token: UInt64
+    /// What the kernel reported, within the registration's interest plus
+    /// `.error` and `.hangup`; empty when `failure` is set.
+    package var readiness: Readiness
+    /// Why the descriptor cannot be watched any more (closed: EBADF; the
+    /// kernel refused: ENOMEM, ENOSPC, EPERM). The registration is disarmed
+    /// and stays so; its owner should deregister it.
+    package var failure: DescriptorWatchError?
+
+    package init(token: UInt64, readiness: Readiness, failure: DescriptorWatchError? = nil) {
+        self.token = token
+        self.readiness = readiness
+        self.failure = failure
+    }
 }
 
-/// Counters an event backend keeps, for tests and benchmarks.
+/// Counters an event registry keeps, for tests and benchmarks.
 public struct EventBackendStatistics: Sendable, Hashable {
     /// `wake()` calls.
     public var wakeRequests: UInt64
@@ -45,44 +57,64 @@ public struct EventBackendStatistics: Sendable, Hashable {
     public var waitSyscalls: UInt64
 }
 
-/// The one place a Spindle run loop sleeps on time or descriptors.
+/// The kernel watch an `EventRegistry` holds on one descriptor, as it hands
+/// it back to the backend that made it.
+package struct KernelWatch: Sendable, Hashable {
+    /// The key the watch reports with: the descriptor in the low 32 bits, a
+    /// generation in the high ones, so a report from an older watch of the
+    /// same descriptor number is told apart.
+    var key: UInt64
+    /// Whether the watch has not reported yet (one-shot: after its report
+    /// the kernel keeps it disabled, epoll, or gone, io_uring).
+    var pending: Bool
+}
+
+/// One completion a backend read from the kernel.
+package struct KernelCompletion: Sendable, Hashable {
+    /// The watch's key.
+    var key: UInt64
+    /// Readiness bits (≥ 0), or -errno for a watch the kernel ended with an
+    /// error (io_uring's -EBADF for a descriptor closed under its poll).
+    var result: Int32
+}
+
+/// The kernel calls of one event interface, and nothing else: which
+/// descriptors are registered, for what, and what happens after a report is
+/// the `EventRegistry`'s business. A backend watches each descriptor at most
+/// once, one-shot, for the union of its registrations' interests.
 ///
-/// A backend belongs to one loop thread: `arm`, `disarm` and `wait` are
-/// called only by that thread. `wake()` may be called from any thread; it
-/// makes a system call only when the loop is actually asleep (or about to
-/// be), tracked by an atomic sleeping/awake word, so waking a busy loop
-/// costs one atomic exchange.
-///
-/// Descriptors are armed one-shot: after an event is reported the
-/// descriptor stays quiet until armed again. That lets a loop hold the
-/// events of sources not in its running mode without being woken by them
-/// over and over.
-public protocol EventBackend: AnyObject, Sendable {
+/// `watch`, `unwatch` and `enterKernel` are called only by the registry's
+/// owner thread, with the registry's lock held for the first two;
+/// `signalWaker()` from any thread.
+package protocol EventBackend: AnyObject, Sendable {
     /// Which kernel interface this backend uses.
     var kind: EventBackendKind { get }
 
-    /// Reports `fd` once, tagged `token`, when it is ready for any of
-    /// `interest`. Loop thread only. Arming an armed descriptor replaces the
-    /// interest. `token` must not be 0 or `UInt64.max` (reserved).
-    func arm(_ fd: Int32, for interest: Readiness, token: UInt64) throws(SystemCallError)
+    /// Watches `fd` once for `interest`, to report with `key`, replacing
+    /// `current` (the registry's last watch of this descriptor, if it has
+    /// not removed it). Returns 0 or -errno (EBADF: the descriptor is
+    /// closed; ENOMEM, ENOSPC: the kernel refused).
+    func watch(_ fd: Int32, for interest: Readiness, key: UInt64, replacing current: KernelWatch?) -> Int32
 
-    /// Stops watching `fd` (armed with `token`). Loop thread only.
-    func disarm(_ fd: Int32, token: UInt64)
+    /// Removes the watch `current` of `fd`. A descriptor already closed has
+    /// lost its watch with it; that is not an error.
+    func unwatch(_ fd: Int32, current: KernelWatch)
 
-    /// Waits until a descriptor is ready, `wake()` is called, or `deadline`
-    /// passes (`nil`: no limit; a past deadline only polls). Appends ready
-    /// descriptors to `events` and returns whether a `wake()` was seen.
-    /// Blocks the loop thread; retries EINTR. Loop thread only.
-    func wait(until deadline: MonotonicClock.Instant?, events: inout [ReadyEvent]) -> Bool
+    /// Whether watches were changed without the kernel having been told yet
+    /// (io_uring queues them for the next `enterKernel`).
+    var hasUnsubmittedChanges: Bool { get }
 
-    /// Wakes the loop if it sleeps in `wait`, or makes its next `wait`
-    /// return at once. Any thread; never blocks. Release ordering: what the
-    /// caller wrote before `wake()` is visible to the loop after its `wait`
-    /// returns.
-    func wake()
+    /// Hands queued changes to the kernel and waits at most
+    /// `timeoutNanoseconds` (negative: no limit; 0: only collects) for a
+    /// watch to report or the waker to fire. Appends the watches' reports to
+    /// `completions`, consumes the waker's, and returns 0 and whether the
+    /// waker fired, or -errno of the wait itself (-EINTR: a signal arrived;
+    /// the registry retries).
+    func enterKernel(timeoutNanoseconds: Int64, completions: inout [KernelCompletion]) -> (rc: Int32, woken: Bool)
 
-    /// The backend's counters.
-    var statistics: EventBackendStatistics { get }
+    /// Makes the waker fire (an eventfd write), waking `enterKernel`. Any
+    /// thread; never blocks.
+    func signalWaker()
 }
 
 /// Backend selection.
@@ -91,7 +123,7 @@ public enum EventBackends {
     /// `SPINDLE_EVENT_BACKEND` environment variable (`io_uring` or `epoll`)
     /// if set, else io_uring when this process may use it, else epoll.
     /// Throws when the kernel refuses the kind asked for.
-    public static func makeBackend(_ kind: EventBackendKind? = nil) throws(SystemCallError) -> any EventBackend {
+    package static func makeBackend(_ kind: EventBackendKind? = nil) throws(SystemCallError) -> any EventBackend {
         switch kind ?? preferredKind {
         case .ioUring: try URingEventBackend()
         case .epoll: try EpollEventBackend()
@@ -113,7 +145,7 @@ public enum EventBackends {
         return nil
     }()
 
-    /// The kind `make()` picks: `SPINDLE_EVENT_BACKEND` if set (an unknown
+    /// The kind `makeBackend()` picks: `SPINDLE_EVENT_BACKEND` if set (an unknown
     /// value stops the process with a message), else io_uring unless refused.
     public static var preferredKind: EventBackendKind {
         if let forced = getenv("SPINDLE_EVENT_BACKEND") {
@@ -124,158 +156,6 @@ public enum EventBackends {
             return kind
         }
         return ioUringRefusal == nil ? .ioUring : .epoll
-    }
-}
-
-/// The sleeping/awake word and counters both backends share.
-///
-///     awake           the loop is running handlers; a wake only marks `woken`
-///     sleepingInKernel the loop waits in epoll/io_uring: a wake writes the eventfd
-///     woken           a wake arrived while awake; the next wait returns at once
-///     sleepingOnFutex the loop waits on this word (it watches no descriptors):
-///                     a wake is a futex wake, cheaper than any eventfd round trip
-final class LoopWakeState: @unchecked Sendable {
-    // @unchecked: every field is an atomic word.
-    static let awake: UInt32 = 0
-    static let sleepingInKernel: UInt32 = 1
-    static let woken: UInt32 = 2
-    static let sleepingOnFutex: UInt32 = 3
-
-    /// How long a loop polls its wake word before sleeping. A reply that
-    /// arrives within it costs no system call on either side. Measured on
-    /// 2 cores: 10 µs covers a cross-thread perform round trip when the
-    /// other loop is awake; longer only burns CPU.
-    static let spinBeforeSleep: Duration = .microseconds(10)
-
-    private let words = UnsafeMutablePointer<UInt64>.allocate(capacity: 4)
-    private var state: UnsafeMutablePointer<UInt32> { UnsafeMutableRawPointer(words).assumingMemoryBound(to: UInt32.self) }
-
-    init() { words.initialize(repeating: 0, count: 4) }
-    deinit { words.deallocate() }
-
-    /// Counts one kernel wait or poll by the loop.
-    func noteWait() {
-        AtomicMemory.increment(words + 3, ordering: .relaxed)
-    }
-
-    /// How early a timed sleep ends so that the rest, spun, ends on time: an
-    /// idle core here takes ~20 µs to come back from a timed sleep, which made
-    /// 1 ms timers 25 µs late (like Foundation's). Costs at most this much
-    /// CPU per timed wake-up; an untimed sleep spins nothing.
-    static let wakeLead: Duration = .microseconds(40)
-
-    /// The deadline to sleep until for a wait that must end at `deadline`.
-    static func sleepDeadline(for deadline: MonotonicClock.Instant?) -> MonotonicClock.Instant? {
-        guard let deadline, !deadline.isDistantFuture else { return deadline }
-        return deadline.advanced(by: .zero - wakeLead)
-    }
-
-    /// Spins (bounded by `spinBeforeSleep`, or by `deadline` if it comes
-    /// first) while no wake is pending. Returns true when a wake arrived.
-    func spinForWake(until deadline: MonotonicClock.Instant?, atMost: Duration = spinBeforeSleep) -> Bool {
-        let start = MonotonicClock.now
-        var limit = start.advanced(by: atMost)
-        if let deadline, deadline < limit { limit = deadline }
-        var rounds = 0
-        while true {
-            if AtomicMemory.load(from: state, ordering: .relaxed) == Self.woken { return true }
-            for _ in 0..<16 { spinLoopHint() }
-            rounds += 1
-            // Read the clock every 8 rounds: it costs about as much as a round.
-            if rounds & 7 == 0 && MonotonicClock.now >= limit { return false }
-        }
-    }
-
-    /// Called by the loop before sleeping in `how` (one of the sleeping
-    /// states). False when a wake already arrived: the state is reset to
-    /// awake and the loop should not sleep.
-    func enterSleep(_ how: UInt32 = sleepingInKernel) -> Bool {
-        let r = AtomicMemory.compareExchange(expected: Self.awake, desired: how, at: state, ordering: .acquiringAndReleasing)
-        if r.exchanged { return true }
-        AtomicMemory.store(Self.awake, to: state, ordering: .sequentiallyConsistent)
-        return false
-    }
-
-    /// Called by the loop after the kernel returned. Acquiring: pairs with
-    /// the waker's releasing exchange. Returns whether a wake arrived.
-    @discardableResult
-    func leaveSleep() -> Bool {
-        AtomicMemory.exchange(Self.awake, at: state, ordering: .acquiringAndReleasing) == Self.woken
-    }
-
-    /// Sleeps on the wake word itself until a wake or `deadline`; for a loop
-    /// that watches no descriptors. Returns whether a wake arrived.
-    func sleepOnFutex(until deadline: MonotonicClock.Instant?) -> Bool {
-        guard enterSleep(Self.sleepingOnFutex) else { return true }
-        noteWait()
-        let futex = Futex(state)
-        while AtomicMemory.load(from: state, ordering: .acquiring) == Self.sleepingOnFutex {
-            if futex.wait(expecting: Self.sleepingOnFutex, until: deadline) == .timedOut { break }
-        }
-        return leaveSleep()
-    }
-
-    /// Called by a waker. Returns true when the caller must signal the
-    /// kernel wait (write the eventfd); a futex sleeper is woken here.
-    func requestWake() -> Bool {
-        AtomicMemory.increment(words + 1, ordering: .relaxed)
-        let old = AtomicMemory.exchange(Self.woken, at: state, ordering: .acquiringAndReleasing)
-        switch old {
-        case Self.sleepingInKernel:
-            AtomicMemory.increment(words + 2, ordering: .relaxed)
-            return true
-        case Self.sleepingOnFutex:
-            AtomicMemory.increment(words + 2, ordering: .relaxed)
-            Futex(state).wake(1)
-            return false
-        default:
-            return false
-        }
-    }
-
-    /// How the part of a wait before any kernel call ended.
-    enum Prelude {
-        /// A wake arrived: the wait returns it (after polling descriptors).
-        case woken
-        /// The deadline passed while sleeping on the wake word: the wait
-        /// only polls the kernel for ready descriptors.
-        case timedOut
-        /// Descriptors are armed: the wait sleeps in the kernel.
-        case sleepInKernel
-    }
-
-    /// The part of every backend's wait that needs no kernel wait: a short
-    /// spin for a wake already on its way; then, if no descriptor is armed
-    /// (`descriptorsArmed` false), a sleep on the wake word that ends
-    /// `wakeLead` before `deadline`, and a spin for the rest. Call only with
-    /// a wait that may block (a non-zero timeout).
-    func waitBeforeKernel(until deadline: MonotonicClock.Instant?, descriptorsArmed: Bool) -> Prelude {
-        if spinForWake(until: deadline) {
-            leaveSleep()
-            return .woken
-        }
-        guard !descriptorsArmed else { return .sleepInKernel }
-        if sleepOnFutex(until: Self.sleepDeadline(for: deadline)) { return .woken }
-        if let deadline, spinForWake(until: deadline, atMost: Self.wakeLead * 2) {
-            leaveSleep()
-            return .woken
-        }
-        return .timedOut
-    }
-
-    /// A waker's side for a backend whose kernel waits watch `eventFD`:
-    /// signals it only when the loop sleeps in the kernel. Any thread.
-    func wake(signalling eventFD: Int32) {
-        guard requestWake() else { return }
-        let rc = cshims_eventfd_signal(eventFD)
-        if rc < 0 && rc != -EAGAIN { misuse("eventfd write failed: \(errnoDescription(-rc))") }
-    }
-
-    var statistics: EventBackendStatistics {
-        EventBackendStatistics(
-            wakeRequests: AtomicMemory.load(from: words + 1),
-            wakeSyscalls: AtomicMemory.load(from: words + 2),
-            waitSyscalls: AtomicMemory.load(from: words + 3))
     }
 }
 

@@ -15,6 +15,7 @@ import Glibc
 /// sets the thread's timer slack, which only the thread itself can do.
 enum LoopRegistry {
     private static let key: pthread_key_t = {
+        ForkHandlers.install()
         var key = pthread_key_t()
         let rc = pthread_key_create(&key) { raw in
             guard let raw else { return }
@@ -25,9 +26,10 @@ enum LoopRegistry {
         return key
     }()
 
-    private static let mainLock = Lock()
+    nonisolated(unsafe) private static var mainLock = Lock()
     nonisolated(unsafe) private static var main: ThreadLoop?
-    // nonisolated(unsafe): `main` is only read or written under `mainLock`.
+    // nonisolated(unsafe): `main` is only read or written under `mainLock`;
+    // `mainLock` is replaced only in a child just forked, which has one thread.
 
     /// True from the main loop's creation until the main thread installs it.
     /// Set (releasing) under `mainLock` after `main`; cleared only by the
@@ -91,9 +93,32 @@ enum LoopRegistry {
         return install(loop)
     }
 
+    // MARK: fork()
+
+    /// After `fork()`, in the child (see `ForkHandlers`): the forking
+    /// thread's loop and the main loop are the parent's; they leave the
+    /// child's slots unreleased, so the child makes fresh ones on first use.
+    /// `mainLock` is replaced by a new one: a thread of the parent may have
+    /// held it at the fork, and that thread does not exist here.
+    static func childAfterFork() {
+        if let raw = pthread_getspecific(key) {
+            // The slot's reference is kept (never released): the loop's
+            // thread-exit teardown would change the parent's watches.
+            _ = raw
+            pthread_setspecific(key, nil)
+        }
+        if let parentMain = main {
+            _ = Unmanaged.passRetained(parentMain)  // kept for good, as above
+            main = nil
+        }
+        mainAwaitsOwner.store(false, ordering: .relaxed)
+        mainLock = Lock()
+    }
+
     /// The main loop, made (not installed) if there is none yet.
     static func mainLoop(kind: EventBackendKind? = nil) -> ThreadLoop {
-        mainLock.withLock {
+        ForkHandlers.install()
+        return mainLock.withLock {
             if let main { return main }
             do {
                 let loop = ThreadLoop(backend: try EventBackends.makeBackend(kind), owner: getpid())

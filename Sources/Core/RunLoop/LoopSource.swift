@@ -37,6 +37,7 @@ public final class LoopSource: @unchecked Sendable {
     let onCancel: ((ThreadLoop, LoopMode) -> Void)?
     let onPerform: ((LoopSource) -> Void)?
     let onReady: ((LoopSource, Readiness) -> Void)?
+    let onFailure: ((LoopSource, DescriptorWatchError) -> Void)?
 
     /// Held briefly, never while calling out; a loop takes it while holding
     /// its own lock (loop first, then source), never the other way round.
@@ -58,6 +59,7 @@ public final class LoopSource: @unchecked Sendable {
             var modes: Int
         }
         var valid = true
+        var failure: DescriptorWatchError?
         var first: Record?
         var more: [Record] = []
 
@@ -107,14 +109,23 @@ public final class LoopSource: @unchecked Sendable {
         onCancel = cancel
         onPerform = perform
         onReady = nil
+        onFailure = nil
     }
 
     /// A descriptor source: `handler` runs on the loop thread each time `fd`
     /// is ready for `interest` (readable by default) during a pass in one of
-    /// the source's modes. The descriptor stays the caller's: close it only
-    /// after invalidating the source.
+    /// the source's modes. The descriptor stays the caller's: close it after
+    /// invalidating the source. Several sources may watch one descriptor
+    /// (a socket's reader and writer), in one loop or several.
+    ///
+    /// If the descriptor cannot be watched (it is not open, or is a regular
+    /// file or directory, which is always ready; or it was closed while
+    /// watched; or the kernel refused), the source fails: `failure` is set,
+    /// the source is invalidated, and `failed` runs once, on the thread that
+    /// found out (the one adding it, or the loop's).
     public init(
         descriptor fd: Int32, interest: Readiness = .readable, order: Int = 0,
+        failed: ((LoopSource, DescriptorWatchError) -> Void)? = nil,
         _ handler: @escaping (LoopSource, Readiness) -> Void
     ) {
         require(fd >= 0, "LoopSource.init(descriptor:): `fd` is \(fd); it must be an open descriptor")
@@ -127,10 +138,29 @@ public final class LoopSource: @unchecked Sendable {
         onCancel = nil
         onPerform = nil
         onReady = handler
+        onFailure = failed
     }
 
     /// Whether the source can still fire. Takes the source's lock briefly.
     public var isValid: Bool { lock.withLock { state.valid } }
+
+    /// Why a descriptor source stopped: its descriptor could not be watched.
+    /// nil while it works, for a custom source, and for a source invalidated
+    /// by `invalidate()`. Takes the source's lock briefly.
+    public var failure: DescriptorWatchError? { lock.withLock { state.failure } }
+
+    /// Records `error`, invalidates the source and calls `failed`; nothing
+    /// if the source was invalidated already.
+    func fail(_ error: DescriptorWatchError) {
+        let first: Bool = lock.withLock {
+            guard state.valid, state.failure == nil else { return false }
+            state.failure = error
+            return true
+        }
+        guard first else { return }
+        invalidate()
+        onFailure?(self, error)
+    }
 
     /// Whether the source is signalled and waiting for its loop. Never
     /// blocks. Acquiring: pairs with `signal()`.

@@ -133,12 +133,21 @@ public final class LoopTimer: @unchecked Sendable {
         }
         guard valid.load(ordering: .acquiring) else { return false }
         // First scheduled date after now: missed periods collapse into this firing.
+        nextFire.store(Self.nextDate(after: now, from: nextFire.load(ordering: .relaxed), every: interval), ordering: .relaxed)
+        return true
+    }
+
+    /// The first date on the schedule `date + n × interval` after `now`, in
+    /// nanoseconds; the far future (`Int64.max`, never due) when that is past
+    /// what the clock can count (an interval such as `Duration.max`).
+    static func nextDate(after now: MonotonicClock.Instant, from date: Int64, every interval: Duration) -> Int64 {
         let step = interval.nanosecondsSaturating
-        let date = nextFire.load(ordering: .relaxed)
         let late = now.nanoseconds &- date
         let periods = late >= 0 ? late / step + 1 : 1
-        nextFire.store(date &+ periods &* step, ordering: .relaxed)
-        return true
+        let (advance, overflow) = periods.multipliedReportingOverflow(by: step)
+        guard !overflow else { return .max }
+        let (next, overflow2) = date.addingReportingOverflow(advance)
+        return overflow2 ? .max : next
     }
 
     /// The latest moment the loop may wake for this timer.

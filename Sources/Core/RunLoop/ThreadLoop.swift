@@ -34,8 +34,8 @@ public final class ThreadLoop: @unchecked Sendable {
     // @unchecked: configuration and queues are guarded by `lock`; run state
     // is touched only by the owning thread; the stop flag is atomic.
 
-    /// The event backend this loop sleeps in.
-    public let backend: any EventBackend
+    /// The descriptors the loop watches, over the event backend it sleeps in.
+    package let registry: EventRegistry
     /// The kernel thread id of the thread that owns (runs) the loop.
     public let ownerThreadID: Int32
     /// Names this loop to the sources and timers in it; outlives the loop.
@@ -45,13 +45,11 @@ public final class ThreadLoop: @unchecked Sendable {
     /// The modes and their items. Guarded by `lock`.
     private var table: LoopModeTable
     private var performs: [PendingPerform] = []
+    /// Descriptor sources by their registration in `registry`, with the
+    /// readiness reported and not yet handled (held while the loop runs in
+    /// a mode that does not hold the source). Guarded by `lock`.
     private var descriptors: [UInt64: DescriptorState] = [:]
     private var descriptorTokens: [ObjectIdentifier: UInt64] = [:]
-    private var nextToken: UInt64 = 1
-    /// Descriptor arming and disarming requested by other threads, applied
-    /// by the owner at the start of its next pass.
-    private var pendingArm: [UInt64] = []
-    private var pendingDisarm: [(fd: Int32, token: UInt64)] = []
     private var threadHasExited = false
     private let stopFlag = UnsafeMutablePointer<UInt32>.allocate(capacity: 1)
     /// Run state (owner thread only).
@@ -60,10 +58,7 @@ public final class ThreadLoop: @unchecked Sendable {
 
     struct DescriptorState {
         let source: LoopSource
-        let fd: Int32
-        let interest: Readiness
         var pending: Readiness = []
-        var armed = false
     }
 
     struct PendingPerform {
@@ -73,7 +68,7 @@ public final class ThreadLoop: @unchecked Sendable {
     }
 
     init(backend: any EventBackend, owner: Int32) {
-        self.backend = backend
+        self.registry = EventRegistry(backend: backend)
         self.ownerThreadID = owner
         identity = LoopIdentity()
         table = LoopModeTable(for: identity)
@@ -102,8 +97,8 @@ public final class ThreadLoop: @unchecked Sendable {
     public static func current(backend kind: EventBackendKind) throws(SystemCallError) -> ThreadLoop {
         if let loop = LoopRegistry.currentLoop() {
             require(
-                loop.backend.kind == kind,
-                "ThreadLoop.current(backend: \(kind)): this thread's loop already uses \(loop.backend.kind)")
+                loop.backendKind == kind,
+                "ThreadLoop.current(backend: \(kind)): this thread's loop already uses \(loop.backendKind)")
             return loop
         }
         return try LoopRegistry.makeCurrent(throwing: kind)
@@ -115,6 +110,12 @@ public final class ThreadLoop: @unchecked Sendable {
     /// before its first sleep); only then, on that thread, is the 1 ns timer
     /// slack of loop threads set.
     public static var main: ThreadLoop { LoopRegistry.mainLoop() }
+
+    /// The kernel interface the loop sleeps in.
+    public var backendKind: EventBackendKind { registry.kind }
+
+    /// The loop's wake-up and wait counters.
+    public var eventStatistics: EventBackendStatistics { registry.statistics }
 
     /// Whether the calling thread owns this loop. Never blocks and, on a
     /// thread that has a loop, makes no system call (see `LoopRegistry`).
@@ -152,12 +153,24 @@ public final class ThreadLoop: @unchecked Sendable {
     /// nothing for one mode once the mode's array has room. The loop's lock
     /// orders it: what the caller wrote before is visible to the loop thread
     /// when it fires the source.
+    ///
+    /// A descriptor source whose descriptor cannot be watched (not open; a
+    /// regular file or directory, which is always ready) is not added: it
+    /// fails at once, on the calling thread (see `LoopSource.failure`).
     public func add(_ source: LoopSource, forMode mode: LoopMode = .default) {
-        let joined = lock.withLock {
-            if threadHasExited { return ChangedModes() }
+        let (joined, failure): (ChangedModes, DescriptorWatchError?) = lock.withLock {
+            if threadHasExited { return (ChangedModes(), nil) }
+            // Registered before it joins a mode, so a failure leaves no trace.
+            let registered = descriptorTokens[ObjectIdentifier(source)] != nil
+            if let failure = watchDescriptor(source) { return (ChangedModes(), failure) }
             let joined = table.insert(source, in: mode)
-            if !joined.isEmpty { watchDescriptor(source) }
-            return joined
+            // Not added after all (invalidated meanwhile): no registration.
+            if joined.isEmpty && !registered { forgetDescriptor(source) }
+            return (joined, nil)
+        }
+        if let failure {
+            source.fail(failure)
+            return
         }
         guard !joined.isEmpty else { return }
         joined.forEach { source.onSchedule?(self, $0) }
@@ -201,35 +214,38 @@ public final class ThreadLoop: @unchecked Sendable {
     /// that its next pass sees the change.
     private func sourcesChanged(descriptor: Bool) {
         if isCurrent {
-            if descriptor { applyPendingChanges() }
+            if descriptor { registry.applyChanges() }
         } else {
             wakeUp()
         }
     }
 
-    /// Starts watching a descriptor source's descriptor, once per loop
-    /// (armed by the owner at its next `applyPendingChanges`); nothing for a
-    /// custom source. Under `lock`.
-    private func watchDescriptor(_ source: LoopSource) {
+    /// Registers a descriptor source's descriptor with the registry, once
+    /// per loop (the kernel learns of it at the owner's next pass); nothing
+    /// for a custom source. Returns why the descriptor cannot be watched, if
+    /// it cannot. Under `lock`.
+    private func watchDescriptor(_ source: LoopSource) -> DescriptorWatchError? {
         guard case .descriptor(let fd, let interest) = source.kind,
             descriptorTokens[ObjectIdentifier(source)] == nil
-        else { return }
-        let token = nextToken
-        nextToken += 1
-        descriptorTokens[ObjectIdentifier(source)] = token
-        descriptors[token] = DescriptorState(source: source, fd: fd, interest: interest)
-        pendingArm.append(token)
+        else { return nil }
+        do {
+            let token = try registry.register(fd, for: interest)
+            descriptorTokens[ObjectIdentifier(source)] = token
+            descriptors[token] = DescriptorState(source: source)
+            return nil
+        } catch {
+            return error
+        }
     }
 
-    /// Stops watching a descriptor source's descriptor, once no mode holds
-    /// the source; nothing for a custom source. Under `lock`.
+    /// Ends a descriptor source's registration once no mode holds it; a
+    /// readiness held for it is dropped. Nothing for a custom source. Under
+    /// `lock`.
     private func forgetDescriptor(_ source: LoopSource) {
         guard source.isDescriptor, let token = descriptorTokens.removeValue(forKey: ObjectIdentifier(source))
         else { return }
-        if let state = descriptors.removeValue(forKey: token), state.armed {
-            pendingDisarm.append((state.fd, token))
-        }
-        pendingArm.removeAll { $0 == token }
+        descriptors[token] = nil
+        registry.deregister(token)
     }
 
     /// Whether `source` is in `mode` (for `.common`: was added to `.common`
@@ -299,7 +315,7 @@ public final class ThreadLoop: @unchecked Sendable {
     /// Wakes the loop if it sleeps, or makes its next sleep return at once.
     /// Any thread; a system call only when the loop is asleep.
     public func wakeUp() {
-        backend.wake()
+        registry.wake()
     }
 
     /// Makes the innermost running `run` return `.stopped` after its current
@@ -340,7 +356,6 @@ public final class ThreadLoop: @unchecked Sendable {
         notify(.entry, mode)
         var result: LoopRunResult?
         repeat {
-            applyPendingChanges()
             notify(.beforeTimers, mode)
             notify(.beforeSources, mode)
             // Performs are the guide's perform-selector sources: running one
@@ -357,13 +372,14 @@ public final class ThreadLoop: @unchecked Sendable {
                 if !poll { notify(.beforeWaiting, mode) }
                 let wakeAt = poll ? MonotonicClock.Instant(nanoseconds: 0) : min(deadline, nextTimerDeadline(mode))
                 readyEvents.removeAll(keepingCapacity: true)
-                _ = backend.wait(until: wakeAt, events: &readyEvents)
+                _ = registry.wait(until: wakeAt, events: &readyEvents)
                 record(readyEvents)
                 if !poll { notify(.afterWaiting, mode) }
             }
             fireDueTimers(mode)
             if fireReadyDescriptors(mode, stopAfterOne: returnAfterSourceHandled && !handled) { handled = true }
-            if runPerforms(mode) { handled = true }
+            // Performs queued meanwhile, like signalled custom sources, wait
+            // for the next pass's step 4 (the guide's "go to step 2").
             if handled && returnAfterSourceHandled {
                 result = .handledSource
             } else if MonotonicClock.now >= deadline {
@@ -393,13 +409,16 @@ public final class ThreadLoop: @unchecked Sendable {
 
     /// Runs the loop in the default mode until `deadline`, `stop()`, or
     /// nothing is left to do. Blocks the owning thread.
+    /// Makes at least one pass, even when `deadline` has passed already: with
+    /// `.now` it is the guide's polling pass, which lets signalled sources,
+    /// queued performs and due timers run without sleeping.
     public func run(until deadline: MonotonicClock.Instant) {
-        while MonotonicClock.now < deadline {
+        repeat {
             switch run(mode: .default, until: deadline) {
             case .stopped, .finished: return
             case .timedOut, .handledSource: continue
             }
-        }
+        } while MonotonicClock.now < deadline
     }
 
     // MARK: - Pass steps (owner thread)
@@ -477,16 +496,24 @@ public final class ThreadLoop: @unchecked Sendable {
         }
     }
 
+    /// Holds each reported readiness for its source until a pass in one of
+    /// its modes; fails the sources whose descriptors cannot be watched.
     private func record(_ events: [ReadyEvent]) {
         guard !events.isEmpty else { return }
-        lock.withLock {
+        let failed: [(LoopSource, DescriptorWatchError)] = lock.withLock {
+            var failed: [(LoopSource, DescriptorWatchError)] = []
             for e in events {
                 guard var state = descriptors[e.token] else { continue }
+                if let failure = e.failure {
+                    failed.append((state.source, failure))
+                    continue
+                }
                 state.pending.formUnion(e.readiness)
-                state.armed = false
                 descriptors[e.token] = state
             }
+            return failed
         }
+        for (source, failure) in failed { source.fail(failure) }
     }
 
     private func hasReadyDescriptor(_ mode: LoopMode) -> Bool {
@@ -514,36 +541,11 @@ public final class ThreadLoop: @unchecked Sendable {
         }
         for (token, source, readiness) in ready {
             source.onReady?(source, readiness)
-            lock.withLock { if descriptors[token] != nil { pendingArm.append(token) } }
+            // Re-armed only if still registered: a no-op once the handler
+            // invalidated the source (or it left the loop).
+            registry.rearm(token)
         }
-        if !ready.isEmpty { applyPendingChanges() }
         return !ready.isEmpty
-    }
-
-    /// Applies descriptor arming/disarming queued by any thread. Owner only.
-    func applyPendingChanges() {
-        let (arms, disarms): ([(Int32, Readiness, UInt64)], [(fd: Int32, token: UInt64)]) = lock.withLock {
-            guard !pendingArm.isEmpty || !pendingDisarm.isEmpty else { return ([], []) }
-            var arms: [(Int32, Readiness, UInt64)] = []
-            for token in pendingArm {
-                guard var state = descriptors[token], !state.armed else { continue }
-                state.armed = true
-                descriptors[token] = state
-                arms.append((state.fd, state.interest, token))
-            }
-            let disarms = pendingDisarm
-            pendingArm.removeAll()
-            pendingDisarm.removeAll()
-            return (arms, disarms)
-        }
-        for d in disarms { backend.disarm(d.fd, token: d.token) }
-        for (fd, interest, token) in arms {
-            do {
-                try backend.arm(fd, for: interest, token: token)
-            } catch {
-                misuse("ThreadLoop: cannot watch descriptor \(fd): \(error)")
-            }
-        }
     }
 
     // MARK: - Performs
@@ -626,7 +628,7 @@ public final class ThreadLoop: @unchecked Sendable {
                 return (performs, removed, table.removeAllTimersAndObservers())
             }
         // Still the owner: stop watching the removed sources' descriptors now.
-        applyPendingChanges()
+        registry.applyChanges()
         for p in dropped { p.completion?.finish(ran: false) }
         for (source, left) in removed { left.forEach { source.onCancel?(self, $0) } }
         for timer in timers { timer.invalidate() }

@@ -1,0 +1,390 @@
+import CShims
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The one place Spindle sleeps on descriptors and time: registrations of
+/// descriptors over one `EventBackend`, the wake word, and the wait.
+///
+/// A **registration** is one interest (readable, writable or both) in one
+/// descriptor, named by the token `register` returns. A descriptor may carry
+/// several registrations (a socket's reader and writer), in one registry or
+/// several. Each registration is one-shot: after it is reported it stays
+/// quiet until `rearm`. The registry watches each descriptor once in the
+/// kernel, for the union of its armed registrations' interests, and hands a
+/// report to each armed registration it concerns (`.error` and `.hangup` to
+/// all of them); the others stay armed and the descriptor is watched again
+/// for them.
+///
+/// **Threads.** `register`, `deregister` and `rearm` work from any thread:
+/// they change the record under the registry's lock, and the owner thread
+/// (the one that calls `wait`) tells the kernel at its next `wait` or
+/// `applyChanges`. A caller on another thread that wants the change to take
+/// effect now calls `wake()`. `wait` and `applyChanges` are for the owner
+/// thread only; `wake()` for any.
+///
+/// **Descriptors.** The registry never closes a descriptor. Closing one while
+/// it is registered is allowed: the descriptor is reported failed (EBADF)
+/// the next time it is watched, and its registrations are disarmed. Closing
+/// after `deregister` and reusing the number at once is the ordinary case and
+/// safe on both backends: every kernel watch carries a generation, and a
+/// report from an older watch of the same number is dropped.
+///
+/// **Errors.** What the caller can check at once (`register`: a descriptor
+/// that is not open, a regular file or directory, which are always ready and
+/// cannot be waited on) throws. What the kernel says later (EBADF for a
+/// descriptor closed while registered; ENOMEM, ENOSPC, EPERM when it refuses
+/// a watch) is reported by `wait` as a `ReadyEvent` with `failure`; the
+/// registration is disarmed. Nothing here stops the process for a condition
+/// of the environment.
+///
+/// **Memory order.** What a thread wrote before `register`, `rearm` or
+/// `wake()` is visible to the owner after the `wait` that sees it (the
+/// registry's lock, the wake word's release/acquire pair).
+package final class EventRegistry: @unchecked Sendable {
+    // @unchecked: `registrations`, `descriptors`, `dirty`, `failures` and the
+    // counters are guarded by `lock`; `completions` is the owner thread's;
+    // `wakeState` is atomic words; `backend` is used as its protocol says.
+
+    /// The kernel interface.
+    package let backend: any EventBackend
+    let wakeState = LoopWakeState()
+    private let lock = Lock()
+
+    private struct Registration {
+        let fd: Int32
+        let interest: Readiness
+        var armed: Bool
+    }
+
+    private struct Descriptor {
+        /// Its registrations, in registration order.
+        var tokens: [UInt64] = []
+        /// The kernel watch made for it and not removed.
+        var watch: KernelWatch?
+        /// The interest `watch` was made with.
+        var watched: Readiness = []
+        /// Whether it is in `dirty`.
+        var queued = false
+    }
+
+    private var registrations: [UInt64: Registration] = [:]
+    private var descriptors: [Int32: Descriptor] = [:]
+    /// Descriptors whose kernel watch may not match their registrations.
+    private var dirty: [Int32] = []
+    /// Failures found while applying changes, reported by the next `wait`.
+    private var failures: [ReadyEvent] = []
+    private var nextToken: UInt64 = 1
+    private var generation: UInt32 = 0
+    /// Whether some descriptor has a watch that has not reported: then a
+    /// wait must sleep in the kernel, not on the wake word.
+    private var pendingWatches = 0
+    /// Owner thread only: the backend's reports of the current wait.
+    private var completions: [KernelCompletion] = []
+
+    /// A registry over `backend`.
+    package init(backend: any EventBackend) {
+        self.backend = backend
+    }
+
+    /// A registry over a new backend of `kind` (nil: the preferred kind).
+    /// Throws when the kernel refuses it.
+    package convenience init(kind: EventBackendKind? = nil) throws(SystemCallError) {
+        self.init(backend: try EventBackends.makeBackend(kind))
+    }
+
+    /// Which kernel interface it sleeps in.
+    package var kind: EventBackendKind { backend.kind }
+
+    // MARK: Registrations (any thread)
+
+    /// Registers interest in `fd` and arms it. Any thread; the kernel learns
+    /// of it at the owner's next `wait` or `applyChanges`. Returns a token,
+    /// never 0, unique for the registry's life.
+    ///
+    /// Throws, naming the descriptor, when `fd` is not open (EBADF) or is a
+    /// regular file or a directory (EPERM: always ready, so nothing could be
+    /// waited for; epoll refuses them and io_uring would report them ready
+    /// without end). `interest` must be readable and/or writable.
+    package func register(_ fd: Int32, for interest: Readiness) throws(DescriptorWatchError) -> UInt64 {
+        require(
+            !interest.isEmpty && interest.isSubset(of: [.readable, .writable]),
+            "EventRegistry.register: `interest` must be readable and/or writable")
+        try Self.checkWatchable(fd)
+        return lock.withLock {
+            let token = nextToken
+            nextToken += 1
+            registrations[token] = Registration(fd: fd, interest: interest, armed: true)
+            descriptors[fd, default: Descriptor()].tokens.append(token)
+            markDirty(fd)
+            return token
+        }
+    }
+
+    /// Whether `fd` can be waited on: open, and not a regular file or directory.
+    static func checkWatchable(_ fd: Int32) throws(DescriptorWatchError) {
+        let type = cshims_fd_type(fd)
+        if type < 0 { throw DescriptorWatchError(descriptor: fd, reason: .notOpen, code: -type) }
+        if type == CSHIMS_FD_REGULAR || type == CSHIMS_FD_DIRECTORY {
+            throw DescriptorWatchError(descriptor: fd, reason: .alwaysReady, code: EPERM)
+        }
+    }
+
+    /// Ends the registration `token`. Any thread; idempotent. Once it
+    /// returns, `wait` reports nothing more for `token`. The kernel watch is
+    /// removed at the owner's next `wait` or `applyChanges`.
+    package func deregister(_ token: UInt64) {
+        lock.withLock {
+            guard let r = registrations.removeValue(forKey: token) else { return }
+            descriptors[r.fd]?.tokens.removeAll { $0 == token }
+            failures.removeAll { $0.token == token }
+            markDirty(r.fd)
+        }
+    }
+
+    /// Arms `token` again after it was reported. Any thread; a no-op for a
+    /// registration that is armed or gone.
+    package func rearm(_ token: UInt64) {
+        lock.withLock {
+            guard var r = registrations[token], !r.armed else { return }
+            r.armed = true
+            registrations[token] = r
+            markDirty(r.fd)
+        }
+    }
+
+    /// Whether `token` is registered and armed (waiting for a report).
+    package func isArmed(_ token: UInt64) -> Bool {
+        lock.withLock { registrations[token]?.armed ?? false }
+    }
+
+    /// How many registrations there are, and on how many descriptors.
+    package var counts: (registrations: Int, descriptors: Int) {
+        lock.withLock { (registrations.count, descriptors.count) }
+    }
+
+    /// Under `lock`.
+    private func markDirty(_ fd: Int32) {
+        guard descriptors[fd]?.queued == false else { return }
+        descriptors[fd]!.queued = true
+        dirty.append(fd)
+    }
+
+    // MARK: Owner thread
+
+    /// Tells the kernel what changed since the last call: watches
+    /// descriptors newly armed, drops watches no registration wants, and
+    /// records failures for the next `wait`. Owner thread only. Takes the
+    /// registry's lock for the duration (epoll_ctl system calls on epoll; no
+    /// system call on io_uring, which submits with its next wait).
+    package func applyChanges() {
+        lock.withLock {
+            guard !dirty.isEmpty else { return }
+            for fd in dirty { reconcile(fd) }
+            dirty.removeAll(keepingCapacity: true)
+        }
+    }
+
+    /// Makes `fd`'s kernel watch match its armed registrations. Under `lock`.
+    private func reconcile(_ fd: Int32) {
+        guard var d = descriptors[fd] else { return }
+        d.queued = false
+        var wanted: Readiness = []
+        for t in d.tokens where registrations[t]!.armed { wanted.formUnion(registrations[t]!.interest) }
+        defer { descriptors[fd] = d.tokens.isEmpty && d.watch == nil ? nil : d }
+        if wanted.isEmpty {
+            if let w = d.watch {
+                backend.unwatch(fd, current: w)
+                if w.pending { pendingWatches -= 1 }
+                d.watch = nil
+            }
+            return
+        }
+        if let w = d.watch, w.pending, d.watched == wanted { return }
+        generation = generation == .max ? 1 : generation + 1
+        let key = UInt64(generation) << 32 | UInt64(UInt32(bitPattern: fd))
+        let rc = backend.watch(fd, for: wanted, key: key, replacing: d.watch)
+        if d.watch?.pending == true { pendingWatches -= 1 }
+        if rc == 0 {
+            d.watch = KernelWatch(key: key, pending: true)
+            d.watched = wanted
+            pendingWatches += 1
+        } else {
+            d.watch = nil
+            let reason: DescriptorWatchError.Reason = rc == -EBADF ? .notOpen : rc == -EPERM ? .alwaysReady : .kernelRefused
+            let error = DescriptorWatchError(descriptor: fd, reason: reason, code: -rc)
+            failures += fail(&d, with: error)
+        }
+    }
+
+    /// Disarms every armed registration of `d`; returns a failure report
+    /// for each. Under `lock`.
+    private func fail(_ d: inout Descriptor, with error: DescriptorWatchError) -> [ReadyEvent] {
+        var out: [ReadyEvent] = []
+        for t in d.tokens where registrations[t]!.armed {
+            registrations[t]!.armed = false
+            out.append(ReadyEvent(token: t, readiness: [], failure: error))
+        }
+        return out
+    }
+
+    /// Waits until a registration is reported, `wake()` is called, or
+    /// `deadline` passes (nil: no limit; a past deadline only polls), after
+    /// applying changes. Appends reports and failures to `events` and returns
+    /// whether a wake was seen. Owner thread only; blocks it. A signal that
+    /// interrupts the kernel wait is absorbed (the wait goes on, to the same
+    /// deadline).
+    ///
+    /// Before entering the kernel it spins briefly for a wake already on its
+    /// way (`LoopWakeState.spinBeforeSleep`); with no descriptor watched it
+    /// sleeps on the wake word instead of in the kernel.
+    package func wait(until deadline: MonotonicClock.Instant?, events: inout [ReadyEvent]) -> Bool {
+        applyChanges()
+        let failed: Bool = lock.withLock {
+            guard !failures.isEmpty else { return false }
+            events += failures
+            failures.removeAll()
+            return true
+        }
+        var timeout = failed ? 0 : timeoutNanoseconds(until: deadline)
+        var woken = false
+        if timeout != 0 {
+            let kernelWork = lock.withLock { pendingWatches > 0 } || backend.hasUnsubmittedChanges
+            switch wakeState.waitBeforeKernel(until: deadline, descriptorsArmed: kernelWork) {
+            case .woken:
+                // Do not delay descriptors that are ready too.
+                if !kernelWork { return true }
+                timeout = 0
+                woken = true
+            case .timedOut:
+                timeout = 0  // still collect anything ready below
+            case .sleepInKernel:
+                break
+            }
+        }
+        // A poll (timeout 0) does not announce sleep; a wake meanwhile stays
+        // pending for the next wait.
+        let sleeping = timeout != 0 && wakeState.enterSleep()
+        if timeout != 0 && !sleeping {
+            timeout = 0
+            woken = true
+        }
+        completions.removeAll(keepingCapacity: true)
+        kernelWait: while true {
+            wakeState.noteWait()
+            let (rc, fired) = backend.enterKernel(timeoutNanoseconds: timeout, completions: &completions)
+            if fired { woken = true }
+            if rc == 0 || !completions.isEmpty || woken { break }
+            switch -rc {
+            case EINTR, EAGAIN, EBUSY, ENOMEM:
+                // A signal, or the kernel short of resources for a moment:
+                // wait again for what is left of the time.
+                if timeout > 0 { timeout = timeoutNanoseconds(until: deadline) }
+                if timeout == 0 { break kernelWait }
+            default:
+                misuse("EventRegistry.wait: \(backend.kind.rawValue) wait failed: \(errnoDescription(-rc))")
+            }
+        }
+        if sleeping && wakeState.leaveSleep() { woken = true }
+        if !completions.isEmpty { deliver(into: &events) }
+        return woken
+    }
+
+    /// Turns the backend's completions into reports. Under `lock`.
+    private func deliver(into events: inout [ReadyEvent]) {
+        lock.withLock {
+            for c in completions {
+                let fd = Int32(bitPattern: UInt32(truncatingIfNeeded: c.key))
+                // A report from an older watch of this number: dropped.
+                guard var d = descriptors[fd], let w = d.watch, w.key == c.key, w.pending else { continue }
+                d.watch!.pending = false
+                pendingWatches -= 1
+                if c.result < 0 {
+                    let code = -c.result
+                    if code == ECANCELED {
+                        markDirtyAfter(&d, fd)
+                    } else {
+                        d.watch = nil
+                        let reason: DescriptorWatchError.Reason = code == EBADF ? .notOpen : .kernelRefused
+                        events += fail(&d, with: DescriptorWatchError(descriptor: fd, reason: reason, code: code))
+                    }
+                } else {
+                    let ready = Readiness(rawValue: UInt32(c.result))
+                    var stillArmed = false
+                    for t in d.tokens where registrations[t]!.armed {
+                        let hit = ready.intersection(registrations[t]!.interest.union([.error, .hangup]))
+                        if hit.isEmpty {
+                            stillArmed = true
+                        } else {
+                            registrations[t]!.armed = false
+                            events.append(ReadyEvent(token: t, readiness: hit))
+                        }
+                    }
+                    if stillArmed { markDirtyAfter(&d, fd) }
+                }
+                descriptors[fd] = d.tokens.isEmpty && d.watch == nil ? nil : d
+            }
+        }
+    }
+
+    /// Queues `d` (at `fd`) to be watched again. Under `lock`.
+    private func markDirtyAfter(_ d: inout Descriptor, _ fd: Int32) {
+        guard !d.queued else { return }
+        d.queued = true
+        dirty.append(fd)
+    }
+
+    // MARK: Waking (any thread)
+
+    /// Wakes the owner if it sleeps in `wait`, or makes its next `wait`
+    /// return at once. Any thread; never blocks; a system call only when the
+    /// owner is asleep. Release ordering: what the caller wrote before is
+    /// visible to the owner after its `wait` returns.
+    package func wake() {
+        if wakeState.requestWake() { backend.signalWaker() }
+    }
+
+    /// The registry's counters.
+    package var statistics: EventBackendStatistics { wakeState.statistics }
+}
+
+/// A descriptor that cannot be watched for readiness, and why.
+public struct DescriptorWatchError: Error, Sendable, Hashable, CustomStringConvertible {
+    /// Why the descriptor cannot be watched.
+    public enum Reason: Sendable, Hashable {
+        /// The descriptor is not open (EBADF): never opened, or closed while
+        /// a source still watched it.
+        case notOpen
+        /// A regular file or a directory: always ready to read and write, so
+        /// there is nothing to wait for (epoll refuses them with EPERM).
+        case alwaysReady
+        /// The kernel refused the watch (ENOMEM, ENOSPC: the
+        /// `max_user_watches` limit; EPERM).
+        case kernelRefused
+    }
+
+    /// The descriptor.
+    public let descriptor: Int32
+    /// Why it cannot be watched.
+    public let reason: Reason
+    /// The errno the kernel gave (positive).
+    public let code: Int32
+
+    /// The failure of watching `descriptor` for `reason`, with errno `code`.
+    public init(descriptor: Int32, reason: Reason, code: Int32) {
+        self.descriptor = descriptor
+        self.reason = reason
+        self.code = code
+    }
+
+    public var description: String {
+        let why = switch reason {
+        case .notOpen: "it is not an open descriptor"
+        case .alwaysReady: "it is a regular file or directory, which is always ready and cannot be waited on"
+        case .kernelRefused: "the kernel refused to watch it"
+        }
+        return "cannot watch descriptor \(descriptor): \(why) (\(errnoDescription(code)))"
+    }
+
+}

@@ -1,0 +1,43 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// What Spindle does around `fork()`, installed once with `pthread_atfork`
+/// the first time a thread record or a run loop is made.
+///
+/// After `fork()` the child has one thread, a copy of the one that forked,
+/// with that thread's thread-specific values: its run loop (whose epoll
+/// instance or io_uring ring is shared with the parent, so using it would
+/// take the parent's events, change what the parent watches, or, on
+/// io_uring, cancel the parent's polls when the child exits) and its thread
+/// record (with the parent's thread id). The child handler drops both from
+/// the thread's slots without touching them, so the child's first
+/// `ThreadLoop.current` makes a new loop and its first `NativeThread.current`
+/// a new record; the child's thread is the child's main thread (its id is
+/// the child's pid), and the main loop starts afresh. The parent's objects
+/// are left alone in the child's memory (never released: their teardown
+/// would act on the parent's kernel objects); in the parent nothing changes.
+///
+/// The child handler takes no lock: a lock of Spindle's that a thread of the
+/// parent held at the fork is replaced, not waited for. It allocates only
+/// that lock (glibc's malloc is usable in the child of a multithreaded
+/// process).
+enum ForkHandlers {
+    /// Installs the handlers; later calls do nothing.
+    static func install() { _ = installed }
+
+    private static let installed: Void = {
+        let rc = pthread_atfork({ ForkHandlers.prepare() }, nil, { ForkHandlers.child() })
+        if rc != 0 { misuse("pthread_atfork failed: \(errnoDescription(rc))") }
+    }()
+
+    private static func prepare() {
+        // Made now, in the parent, so the child never runs its initializer.
+        _ = NativeThread.main
+    }
+
+    private static func child() {
+        LoopRegistry.childAfterFork()
+        NativeThread.childAfterFork()
+    }
+}
