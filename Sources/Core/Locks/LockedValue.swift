@@ -20,10 +20,13 @@
 /// `Locking`), so everything a closure did to the value is visible to the
 /// next closure that runs on any thread.
 ///
-/// `Sendable` whatever `Value` is, as `Mutex` is: the initial value is
-/// `sending` (the caller gives it up) and each closure gets it as
-/// `inout sending` and returns a `sending` result, so the compiler keeps any
-/// non-`Sendable` state of the value from escaping the lock.
+/// `Sendable` whatever `Value` is, as `Mutex` is, and checked the same way:
+/// the initial value is `sending` (the caller gives it up), and each closure
+/// gets the value as `inout sending` and returns a `sending` result, so the
+/// compiler rejects, for instance, storing into the value an object that the
+/// caller goes on using. (Like `Mutex`'s, this checking is not complete on
+/// Swift 6.3: a closure that returns a non-`Sendable` reference to the value
+/// itself, `withLock { $0 }`, compiles; do not hand such a reference out.)
 ///
 /// `LockedValue` is a handle, like `Lock`: copies share one value and one
 /// lock.
