@@ -74,11 +74,13 @@ public struct MonotonicClock: Clock, Sendable {
             rhs.duration(to: lhs)
         }
 
+        /// Moves `instant` `duration` later; as `advanced(by:)`, saturating.
         @inlinable
         public static func += (instant: inout Instant, duration: Duration) {
             instant = instant.advanced(by: duration)
         }
 
+        /// Moves `instant` `duration` earlier; as `advanced(by:)`, saturating.
         @inlinable
         public static func -= (instant: inout Instant, duration: Duration) {
             instant = instant.advanced(by: .zero - duration)
