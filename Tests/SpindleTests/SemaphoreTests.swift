@@ -6,16 +6,6 @@ import TestSupport
 import Glibc
 #endif
 
-/// Counters shared by a test's threads, read and written atomically.
-private final class Counters: @unchecked Sendable {
-    // @unchecked: the words are only accessed through AtomicMemory.
-    let words = UnsafeMutablePointer<Int>.allocate(capacity: 4)
-    init() { words.initialize(repeating: 0, count: 4) }
-    deinit { words.deallocate() }
-    func add(_ i: Int, _ amount: Int) -> Int { AtomicMemory.add(amount, to: words + i, ordering: .barrier) }
-    func load(_ i: Int) -> Int { AtomicMemory.load(from: words + i, ordering: .barrier) }
-}
-
 @Suite("Semaphore")
 struct SemaphoreTests {
     @Test func countsResources() {
@@ -77,25 +67,22 @@ struct SemaphoreTests {
     @Test func limitsConcurrentUsersOfAResource() {
         let limit = 3
         let semaphore = Semaphore(value: limit)
-        let counters = Counters()  // 0: users now, 1: most users seen, 2: uses
+        let users = LockedValue((now: 0, mostSeen: 0, uses: 0))
         runThreads(8) { _ in
             for _ in 0..<2_000 {
                 semaphore.wait()
-                let now = counters.add(0, 1)
-                var seen = counters.load(1)
-                while now > seen {
-                    if AtomicMemory.compareAndSwap(expected: seen, desired: now, at: counters.words + 1, ordering: .barrier) {
-                        break
-                    }
-                    seen = counters.load(1)
+                users.withLock {
+                    $0.now += 1
+                    $0.mostSeen = max($0.mostSeen, $0.now)
+                    $0.uses += 1
                 }
-                _ = counters.add(2, 1)
-                _ = counters.add(0, -1)
+                users.withLock { $0.now -= 1 }
                 semaphore.signal()
             }
         }
-        #expect(counters.load(1) <= limit)
-        #expect(counters.load(2) == 8 * 2_000)
+        let counts = users.withLock { $0 }
+        #expect(counts.mostSeen <= limit)
+        #expect(counts.uses == 8 * 2_000)
         #expect(semaphore.value == limit)
     }
 
@@ -103,29 +90,30 @@ struct SemaphoreTests {
     /// reaches a waiter, and the count ends where it started.
     @Test func timedOutWaitersDoNotSwallowSignals() {
         let semaphore = Semaphore(value: 0)
-        let counters = Counters()  // 0: successful waits, 1: threads finished
+        let counts = LockedValue((successfulWaits: 0, threadsFinished: 0))
         let rounds = 2_000
         let join = startThread {
             runThreads(4) { i in
                 for _ in 0..<rounds {
                     // Odd threads use tiny deadlines and give up often.
                     let timeout: Duration = i % 2 == 0 ? .seconds(30) : .microseconds(50)
-                    if semaphore.wait(timeout: timeout) { _ = counters.add(0, 1) }
+                    if semaphore.wait(timeout: timeout) { counts.withLock { $0.successfulWaits += 1 } }
                 }
-                _ = counters.add(1, 1)
+                counts.withLock { $0.threadsFinished += 1 }
             }
         }
         var signalled = 0
         // Signal until every waiter has finished: each success used one signal.
-        while counters.load(1) < 4 {
+        while counts.withLock({ $0.threadsFinished }) < 4 {
             semaphore.signal()
             signalled += 1
             if signalled % 64 == 0 { usleep(100) }
         }
         join()
-        #expect(counters.load(0) >= 2 * rounds, "the patient threads got every wait")
-        #expect(counters.load(0) <= signalled)
-        #expect(semaphore.value == signalled - counters.load(0), "unused signals remain as resources")
+        let successfulWaits = counts.withLock { $0.successfulWaits }
+        #expect(successfulWaits >= 2 * rounds, "the patient threads got every wait")
+        #expect(successfulWaits <= signalled)
+        #expect(semaphore.value == signalled - successfulWaits, "unused signals remain as resources")
     }
 
     /// The lost-wake-up hunt for semaphores: 10^6 hand-offs between two
@@ -133,17 +121,17 @@ struct SemaphoreTests {
     @Test func millionHandOffsBetweenTwoThreadsLoseNoWakeUp() {
         let ping = Semaphore(value: 0)
         let pong = Semaphore(value: 0)
-        let counters = Counters()  // 0: timeouts
+        let timeouts = LockedValue(0)
         let handOffs = 1_000_000
         runThreads(2) { me in
             let (mine, theirs) = me == 0 ? (ping, pong) : (pong, ping)
             if me == 0 { theirs.signal() }
             for _ in 0..<(handOffs / 2) {
-                if !mine.wait(timeout: .seconds(30)) { _ = counters.add(0, 1) }
+                if !mine.wait(timeout: .seconds(30)) { timeouts.withLock { $0 += 1 } }
                 theirs.signal()
             }
         }
-        #expect(counters.load(0) == 0, "a wait hit its 30 s deadline: a lost wake-up")
+        #expect(timeouts.withLock { $0 } == 0, "a wait hit its 30 s deadline: a lost wake-up")
         // Thread 0 signalled once more than thread 1 waited for.
         #expect(ping.value + pong.value == 1)
     }

@@ -6,16 +6,6 @@ import TestSupport
 import Glibc
 #endif
 
-/// Counts calls from any thread.
-private final class Counter: @unchecked Sendable {
-    // @unchecked: the word is only accessed through AtomicMemory.
-    let word = UnsafeMutablePointer<Int>.allocate(capacity: 1)
-    init() { word.initialize(to: 0) }
-    deinit { word.deallocate() }
-    func add(_ n: Int = 1) { AtomicMemory.add(n, to: word, ordering: .sequentiallyConsistent) }
-    var value: Int { AtomicMemory.load(from: word, ordering: .sequentiallyConsistent) }
-}
-
 @Suite("ThreadLocal")
 struct ThreadLocalTests {
     @Test func eachThreadHasItsOwnValue() throws {
@@ -38,30 +28,30 @@ struct ThreadLocalTests {
     }
 
     @Test func destructorRunsOncePerThreadBeforeJoinReturns() throws {
-        let destroyed = Counter()
-        let sum = Counter()
+        let destroyed = LockedValue(0)
+        let sum = LockedValue(0)
         let local = ThreadLocal<Int>(onThreadExit: { value in
-            destroyed.add()
-            sum.add(value)
+            destroyed.withLock { $0 += 1 }
+            sum.withLock { $0 += value }
         })
         let threads = try (1...8).map { index in
             try NativeThread.start { local.value = index }
         }
         for thread in threads { try thread.join() }
-        #expect(destroyed.value == 8)
-        #expect(sum.value == 36)
+        #expect(destroyed.withLock { $0 } == 8)
+        #expect(sum.withLock { $0 } == 36)
     }
 
     @Test func destructorRunsOnThreadsSpindleDidNotCreate() {
-        let destroyed = Counter()
-        let local = ThreadLocal<String>(onThreadExit: { _ in destroyed.add() })
+        let destroyed = LockedValue(0)
+        let local = ThreadLocal<String>(onThreadExit: { _ in destroyed.withLock { $0 += 1 } })
         runThreads(3) { index in local.value = "thread \(index)" }
-        #expect(destroyed.value == 3)
+        #expect(destroyed.withLock { $0 } == 3)
     }
 
     @Test func replacingOrRemovingDoesNotCallTheDestructor() throws {
-        let destroyed = Counter()
-        let local = ThreadLocal<Int>(onThreadExit: { _ in destroyed.add() })
+        let destroyed = LockedValue(0)
+        let local = ThreadLocal<Int>(onThreadExit: { _ in destroyed.withLock { $0 += 1 } })
         let thread = try NativeThread.start { () -> Int? in
             local.value = 1
             local.value = 2
@@ -70,16 +60,16 @@ struct ThreadLocalTests {
             return removed
         }
         #expect(try thread.join() == 2)
-        #expect(destroyed.value == 0)
+        #expect(destroyed.withLock { $0 } == 0)
     }
 
     @Test func valueOrInsertMakesTheValueOnce() throws {
-        let made = Counter()
+        let made = LockedValue(0)
         let local = ThreadLocal<[Int]>()
         let thread = try NativeThread.start { () -> [Int] in
             for _ in 0..<3 {
                 _ = local.value(orInsert: {
-                    made.add()
+                    made.withLock { $0 += 1 }
                     return [1]
                 })
             }
@@ -88,31 +78,31 @@ struct ThreadLocalTests {
             return local.value ?? []
         }
         #expect(try thread.join() == [1, 2, 3])
-        #expect(made.value == 1)
+        #expect(made.withLock { $0 } == 1)
     }
 
     @Test func destructorsMayStoreValuesWhichAreDestroyedToo() throws {
-        let order = UnsafeBox<[String]>([])
-        let second = ThreadLocal<String>(onThreadExit: { order.value.append($0) })
+        let order = LockedValue<[String]>([])
+        let second = ThreadLocal<String>(onThreadExit: { value in order.withLock { $0.append(value) } })
         let first = ThreadLocal<String>(onThreadExit: { value in
-            order.value.append(value)
+            order.withLock { $0.append(value) }
             second.value = "stored by a destructor"
         })
-        let later = ThreadLocal<String>(onThreadExit: { order.value.append($0) })
+        let later = ThreadLocal<String>(onThreadExit: { value in order.withLock { $0.append(value) } })
         let thread = try NativeThread.start {
             first.value = "first"
             later.value = "later"
         }
         try thread.join()
         // Reverse order of creation, then a second round for the new value.
-        #expect(order.value == ["later", "first", "stored by a destructor"])
+        #expect(order.withLock { $0 } == ["later", "first", "stored by a destructor"])
     }
 
     @Test func destructorSeesTheExitingThreadAsCurrent() throws {
-        let seen = UnsafeBox<Int32>(0)
-        let local = ThreadLocal<Int>(onThreadExit: { _ in seen.value = NativeThread.current.id })
+        let seen = LockedValue<Int32>(0)
+        let local = ThreadLocal<Int>(onThreadExit: { _ in seen.withLock { $0 = NativeThread.current.id } })
         let thread = try NativeThread.start { local.value = 1 }
         try thread.join()
-        #expect(seen.value == thread.id)
+        #expect(seen.withLock { $0 } == thread.id)
     }
 }

@@ -18,14 +18,12 @@ public func onLoopThread(_ kind: EventBackendKind, _ body: @escaping @Sendable (
 }
 
 /// A thread-safe log of strings, for checking the order of events.
-public final class EventLog: @unchecked Sendable {
-    // @unchecked: `entries` is guarded by `lock`.
-    private let lock = Lock()
-    private var entries: [String] = []
+public final class EventLog: Sendable {
+    private let entries = LockedValue<[String]>([])
     public init() {}
-    public func append(_ s: String) { lock.withLock { entries.append(s) } }
-    public var all: [String] { lock.withLock { entries } }
-    public func clear() { lock.withLock { entries.removeAll() } }
+    public func append(_ s: String) { entries.withLock { $0.append(s) } }
+    public var all: [String] { entries.withLock { $0 } }
+    public func clear() { entries.withLock { $0.removeAll() } }
 }
 
 /// A loop running on a thread of its own, for tests that act on it from

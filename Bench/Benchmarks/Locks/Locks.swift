@@ -8,6 +8,8 @@
 //   measured iteration); what an uncontended caller pays. Nothing happens
 //   inside the lock, except in the synchronized group, whose peers run the
 //   same increment inside.
+// - lock.value uncontended: LockedValue's withLock around an increment,
+//   beside Mutex<Int> and NIOLockedValueBox (see LockedValues.swift).
 // - <lock>.create: making 1,000 locks, kept alive until the measurement
 //   ends; the time per lock, and the heap each takes (allocations and bytes
 //   requested from malloc per lock, counted by package-benchmark's malloc
@@ -89,6 +91,10 @@ let benchmarks: @Sendable () -> Void = {
             ]
         )
     }
+
+    // MARK: LockedValue (a value behind a lock; LockedValues.swift)
+
+    registerLockedValueBenchmarks(settings: uncontended)
 
     // MARK: RecursiveLock
 

@@ -53,6 +53,38 @@ public struct MonotonicClock: Clock, Sendable {
         public var description: String {
             isDistantFuture ? "MonotonicClock.Instant(distantFuture)" : "MonotonicClock.Instant(\(nanoseconds) ns)"
         }
+
+        /// The instant `duration` after `instant` (before it, for a negative
+        /// duration); as `advanced(by:)`, saturating.
+        @inlinable
+        public static func + (instant: Instant, duration: Duration) -> Instant {
+            instant.advanced(by: duration)
+        }
+
+        /// The instant `duration` before `instant`; as `advanced(by:)`,
+        /// saturating.
+        @inlinable
+        public static func - (instant: Instant, duration: Duration) -> Instant {
+            instant.advanced(by: .zero - duration)
+        }
+
+        /// How long after `rhs` `lhs` is (negative when it is before).
+        @inlinable
+        public static func - (lhs: Instant, rhs: Instant) -> Duration {
+            rhs.duration(to: lhs)
+        }
+
+        /// Moves `instant` `duration` later; as `advanced(by:)`, saturating.
+        @inlinable
+        public static func += (instant: inout Instant, duration: Duration) {
+            instant = instant.advanced(by: duration)
+        }
+
+        /// Moves `instant` `duration` earlier; as `advanced(by:)`, saturating.
+        @inlinable
+        public static func -= (instant: inout Instant, duration: Duration) {
+            instant = instant.advanced(by: .zero - duration)
+        }
     }
 
     @inlinable
@@ -81,6 +113,72 @@ public struct MonotonicClock: Clock, Sendable {
             try Task.checkCancellation()
         }
     }
+}
+
+// MARK: - Deadlines on Swift's clocks
+
+/// An instant that Spindle can wait until: a point on some clock that
+/// converts to one on `MonotonicClock`, the clock of every kernel wait.
+/// `MonotonicClock.Instant`, `SuspendingClock.Instant` and
+/// `ContinuousClock.Instant` conform, so every call that takes a deadline
+/// (`lock(before:)`, `withLock(before:_:)`...) takes any of them:
+///
+///     let lock = Spindle.Lock()
+///     if lock.lock(before: ContinuousClock.now + .seconds(1)) { ... }
+public protocol MonotonicClockConvertible: Sendable {
+    /// This instant on `MonotonicClock`. Never blocks (at most it reads the
+    /// clocks, through the vDSO).
+    var monotonicInstant: MonotonicClock.Instant { get }
+}
+
+extension MonotonicClock.Instant: MonotonicClockConvertible {
+    /// The instant itself.
+    @inlinable
+    public var monotonicInstant: MonotonicClock.Instant { self }
+}
+
+extension MonotonicClock.Instant {
+    /// The same point in time as `instant` of Swift's `SuspendingClock`.
+    /// On Linux the two are one clock (`CLOCK_MONOTONIC`; the Swift runtime
+    /// reads it for `SuspendingClock`), so the conversion is exact where the
+    /// standard library has `systemEpoch` (Swift 6.2 and later) and otherwise
+    /// off by the few nanoseconds between two reads of the clock, never early.
+    @inlinable
+    public init(_ instant: SuspendingClock.Instant) {
+        #if compiler(>=6.2)
+        self.init(nanoseconds: SuspendingClock().systemEpoch.duration(to: instant).nanosecondsSaturating)
+        #else
+        let now = SuspendingClock.now
+        self = MonotonicClock.now.advanced(by: now.duration(to: instant))
+        #endif
+    }
+
+    /// The same point in time as `instant` of Swift's `ContinuousClock`, as
+    /// far as it can be known now. `ContinuousClock` reads `CLOCK_BOOTTIME`
+    /// on Linux, which runs ahead of `CLOCK_MONOTONIC` by the time the
+    /// machine has spent suspended; the conversion measures that offset now
+    /// (the distance from `ContinuousClock.now` to `instant` is laid off from
+    /// `MonotonicClock.now`, read second, so the result is never early). A
+    /// wait until the result that spans a suspension of the machine ends
+    /// that much after `instant`: the suspended time does not count.
+    @inlinable
+    public init(_ instant: ContinuousClock.Instant) {
+        let now = ContinuousClock.now
+        self = MonotonicClock.now.advanced(by: now.duration(to: instant))
+    }
+}
+
+extension SuspendingClock.Instant: MonotonicClockConvertible {
+    /// This instant on `MonotonicClock` (see `MonotonicClock.Instant.init(_:)`).
+    @inlinable
+    public var monotonicInstant: MonotonicClock.Instant { MonotonicClock.Instant(self) }
+}
+
+extension ContinuousClock.Instant: MonotonicClockConvertible {
+    /// This instant on `MonotonicClock`, as far as it can be known now (see
+    /// `MonotonicClock.Instant.init(_:)`).
+    @inlinable
+    public var monotonicInstant: MonotonicClock.Instant { MonotonicClock.Instant(self) }
 }
 
 extension Duration {

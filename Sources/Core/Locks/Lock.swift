@@ -74,17 +74,17 @@ public struct Lock: Locking, @unchecked Sendable {
     }
 
     /// The raw lock word, for tests and diagnostics: 0 when idle.
-    public var wordValue: UInt32 { AtomicMemory.load(from: mutex.word, ordering: .relaxed) }
+    package var wordValue: UInt32 { AtomicMemory.load(from: mutex.word, ordering: .relaxed) }
 
     /// For tests and diagnostics: the threads waiting for a turn off the lock
     /// word (queued behind a tenant, or the heir); 0 when nobody waits.
     /// Never blocks; a relaxed snapshot that orders nothing.
-    public var threadsWaitingForTurn: Int { mutex.threadsWaitingForTurn }
+    package var threadsWaitingForTurn: Int { mutex.threadsWaitingForTurn }
 
     /// For tests and diagnostics: whether some thread holds the lock's
     /// tenure (see above), so that other threads that find it held queue for
     /// a turn. Never blocks; a relaxed snapshot that orders nothing.
-    public var hasTenant: Bool { AtomicMemory.load(from: mutex.tenantWord, ordering: .relaxed) != 0 }
+    package var hasTenant: Bool { AtomicMemory.load(from: mutex.tenantWord, ordering: .relaxed) != 0 }
 
     /// Acquires the lock, sleeping while another thread holds it.
     /// Blocks. Acquire ordering. Deadlocks if the caller already holds it.

@@ -54,7 +54,7 @@ public struct ReadWriteLock: Locking, @unchecked Sendable {
     }
 
     /// The raw state word, for tests and diagnostics: 0 when idle.
-    public var wordValue: UInt32 { AtomicMemory.load(from: state, ordering: .relaxed) }
+    package var wordValue: UInt32 { AtomicMemory.load(from: state, ordering: .relaxed) }
 
     @inlinable
     static func isReadLockable(_ s: UInt32) -> Bool {

@@ -50,7 +50,7 @@ public struct RecursiveLock: Locking, @unchecked Sendable {
     public var isHeldByCurrentThread: Bool { core.isHeldByCurrentThread }
 
     /// The raw lock word, for tests and diagnostics: 0 when idle.
-    public var wordValue: UInt32 { AtomicMemory.load(from: core.mutex.word, ordering: .relaxed) }
+    package var wordValue: UInt32 { AtomicMemory.load(from: core.mutex.word, ordering: .relaxed) }
 
     /// Acquires the lock, or deepens it if this thread already holds it.
     /// Blocks while another thread holds it.

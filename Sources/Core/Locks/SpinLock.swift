@@ -44,7 +44,7 @@ public struct SpinLock: Locking, @unchecked Sendable {
     }
 
     /// The raw lock word, for tests and diagnostics: 0 when idle.
-    public var wordValue: UInt32 { AtomicMemory.load(from: word, ordering: .relaxed) }
+    package var wordValue: UInt32 { AtomicMemory.load(from: word, ordering: .relaxed) }
 
     /// Acquires the lock, spinning (then yielding, then napping) while it is
     /// held. Blocks.

@@ -5,7 +5,7 @@
 /// out of `body`, including a thrown error.
 ///
 /// No lock is created per object: `object`'s address picks one of a fixed
-/// table of recursive locks (`synchronizedStripes` of them). Unrelated objects
+/// table of 256 recursive locks. Unrelated objects
 /// that share a stripe only cost each other some waiting, with one exception:
 /// nesting `synchronized` on two different objects can deadlock against
 /// another thread nesting on two other objects whose stripes collide in the
@@ -26,7 +26,7 @@ public func synchronized<Result, Failure: Error>(
 }
 
 /// How many locks `synchronized` stripes objects over.
-public let synchronizedStripes = SynchronizedTable.count
+package let synchronizedStripes = SynchronizedTable.count
 
 @usableFromInline
 enum SynchronizedTable {

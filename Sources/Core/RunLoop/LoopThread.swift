@@ -1,0 +1,119 @@
+/// A thread that runs its own `ThreadLoop`, started in one call: the role of
+/// swift-nio's event-loop thread, and of the guide's secondary thread that
+/// sets up a run loop and runs it.
+///
+///     let worker = try LoopThread.start()               // runs worker.loop until stopped
+///     worker.loop.perform { print("on the worker") }    // any thread
+///     worker.stop()
+///     try worker.join()
+///
+/// `start` returns once the new thread has made its loop and added a source
+/// that keeps the loop's default mode from being empty (a loop whose mode
+/// has nothing in it finishes at once instead of sleeping). So the loop can
+/// be used from any thread as soon as `start` returns; what the caller did
+/// before `start` is visible to the new thread (thread creation orders it),
+/// and so is what the new thread did before handing over the loop (a
+/// semaphore orders it).
+///
+/// The thread then runs `body` with its loop: by default `loop.run()`, which
+/// sleeps until there is work and handles it, until `stop()`. A body of your
+/// own runs the loop as it likes (in passes, between chunks of work, in other
+/// modes) and decides when to return; `stop()` makes the loop's current or
+/// next `run` return `.stopped`, and removes the keep-alive source, but
+/// cannot make a body return that does not look.
+///
+/// Misuse: `join()` from the loop's own thread, or twice, stops the process
+/// with `SpawnedThread.join()`'s message. A `LoopThread` that is never joined
+/// leaves its thread joinable (see `SpawnedThread`).
+public final class LoopThread: Sendable, CustomStringConvertible {
+    /// The thread's loop. Add sources and timers to it, and `perform` on it,
+    /// from any thread; only the loop's own thread runs it.
+    public let loop: ThreadLoop
+
+    /// The thread, for its identity, name and scheduling; `join()` joins it.
+    public let thread: SpawnedThread<Void>
+
+    /// Keeps the default mode from being empty; removed by `stop()`.
+    let keepAlive: LoopSource
+
+    private init(loop: ThreadLoop, thread: SpawnedThread<Void>, keepAlive: LoopSource) {
+        self.loop = loop
+        self.thread = thread
+        self.keepAlive = keepAlive
+    }
+
+    /// Starts a joinable thread with `attributes`, makes its loop (with
+    /// `backend`, or the preferred one: `SPINDLE_EVENT_BACKEND`, else
+    /// io_uring, else epoll), keeps the loop's default mode alive, and runs
+    /// `body` with the loop on that thread.
+    ///
+    /// Blocks until the new thread has made its loop (a thread start and a
+    /// hand-over: tens of microseconds), not while `body` runs.
+    ///
+    /// - Parameters:
+    ///   - attributes: The thread's attributes (name, stack size, priority,
+    ///     affinity...); `isDetached` must be false, since `join()` joins it.
+    ///   - kind: The loop's event backend; `nil` for the preferred one.
+    ///   - body: What the thread does with its loop; by default it runs the
+    ///     loop until `stop()`. An error it throws reaches `join()`.
+    /// - Returns: The running thread and its loop.
+    /// - Throws: `NativeThreadError` if the thread cannot start (see
+    ///   `SpawnedThread.start()`); `SystemCallError` if the kernel refuses
+    ///   the backend `kind` (the thread has then ended and been joined).
+    public static func start(
+        _ attributes: NativeThread.Attributes = NativeThread.Attributes(),
+        backend kind: EventBackendKind? = nil,
+        _ body: sending @escaping (ThreadLoop) throws -> Void = { $0.run() }
+    ) throws -> LoopThread {
+        require(!attributes.isDetached, "LoopThread.start: `attributes.isDetached` is true; a loop thread is joinable")
+        let handOver = LockedValue<Result<(ThreadLoop, LoopSource), SystemCallError>?>(nil)
+        let ready = Semaphore(value: 0)
+        let thread = try NativeThread.start(attributes) { () throws -> Void in
+            let loop: ThreadLoop
+            if let kind {
+                do throws(SystemCallError) {
+                    loop = try ThreadLoop.current(backend: kind)
+                } catch {
+                    handOver.withLock { $0 = .failure(error) }
+                    ready.signal()
+                    return
+                }
+            } else {
+                loop = ThreadLoop.current
+            }
+            let keepAlive = LoopSource { _ in }
+            loop.add(keepAlive)
+            handOver.withLock { $0 = .success((loop, keepAlive)) }
+            ready.signal()
+            defer { keepAlive.invalidate() }
+            try body(loop)
+        }
+        ready.wait()
+        switch handOver.withLock({ $0 })! {
+        case .success(let (loop, keepAlive)):
+            return LoopThread(loop: loop, thread: thread, keepAlive: keepAlive)
+        case .failure(let error):
+            try? thread.join()
+            throw error
+        }
+    }
+
+    /// Asks the thread to stop: removes the keep-alive source and makes the
+    /// loop's current `run` (or its next one) return `.stopped`, which ends
+    /// the default body. Any thread; never blocks (a wake-up system call if
+    /// the loop sleeps). Calling it again does nothing more.
+    public func stop() {
+        keepAlive.invalidate()
+        loop.stop()
+    }
+
+    /// Waits for the thread to end and rethrows what its body threw. Blocks.
+    /// Everything the thread did is visible to the caller afterwards. Call
+    /// `stop()` first unless the body returns on its own.
+    public func join() throws {
+        try thread.join()
+    }
+
+    /// `LoopThread(` the thread's description `)`.
+    public var description: String { "LoopThread(\(thread))" }
+}
