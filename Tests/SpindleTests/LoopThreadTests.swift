@@ -10,7 +10,7 @@ struct LoopThreadTests {
     @Test(arguments: availableBackends)
     func runsItsLoopOnItsOwnThreadUntilStopped(kind: EventBackendKind) throws {
         let worker = try LoopThread.start(backend: kind)
-        #expect(worker.loop.backend.kind == kind)
+        #expect(worker.loop.backendKind == kind)
         #expect(!worker.loop.isCurrent)
         let ranOn = LockedValue<Int32?>(nil)
         // The loop sleeps (nothing to do) and the perform wakes it.
