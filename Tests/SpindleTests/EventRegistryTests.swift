@@ -191,6 +191,37 @@ struct EventRegistryTests {
         registry.deregister(new)
     }
 
+    /// The same, with the old registration still armed (its watch pending in
+    /// the kernel, on the old file) when the number is reused: the new
+    /// registration gets a watch of its own.
+    @Test(arguments: availableBackends)
+    func reusedNumberWhileTheOldWatchWasPending(kind: EventBackendKind) throws {
+        let registry = try EventRegistry(kind: kind)
+        var first: [Int32] = [0, 0]
+        #expect(pipe(&first) == 0)
+        let number = first[0]
+        let old = try registry.register(number, for: .readable)
+        registry.applyChanges()  // the old watch is in the kernel now
+        registry.deregister(old)
+        close(first[0])
+        close(first[1])
+        var second: [Int32] = [0, 0]
+        #expect(pipe(&second) == 0)
+        defer { close(second[0]); close(second[1]) }
+        if second[0] != number {
+            #expect(dup2(second[0], number) == number)
+            close(second[0])
+            second[0] = number
+        }
+        let new = try registry.register(number, for: .readable)
+        var b: UInt8 = 1
+        _ = write(second[1], &b, 1)
+        var events: [ReadyEvent] = []
+        _ = registry.wait(until: .now.advanced(by: .seconds(10)), events: &events)
+        #expect(events.map(\.token) == [new])
+        registry.deregister(new)
+    }
+
     /// An untimed wait that a signal interrupts goes on waiting (io_uring
     /// used to stop the process with a stale errno: liburing 2.3 returns the
     /// error without setting errno).

@@ -67,6 +67,10 @@ package final class EventRegistry: @unchecked Sendable {
         var watched: Readiness = []
         /// Whether it is in `dirty`.
         var queued = false
+        /// Whether a registration joined since the watch was made: then the
+        /// watch may be on another file that had this number (closed and
+        /// the number reused meanwhile), so a new one is made.
+        var joined = false
     }
 
     private var registrations: [UInt64: Registration] = [:]
@@ -117,6 +121,7 @@ package final class EventRegistry: @unchecked Sendable {
             nextToken += 1
             registrations[token] = Registration(fd: fd, interest: interest, armed: true)
             descriptors[fd, default: Descriptor()].tokens.append(token)
+            descriptors[fd]!.joined = true
             markDirty(fd)
             return token
         }
@@ -190,6 +195,8 @@ package final class EventRegistry: @unchecked Sendable {
     private func reconcile(_ fd: Int32) {
         guard var d = descriptors[fd] else { return }
         d.queued = false
+        let joined = d.joined
+        d.joined = false
         var wanted: Readiness = []
         for t in d.tokens where registrations[t]!.armed { wanted.formUnion(registrations[t]!.interest) }
         defer { descriptors[fd] = d.tokens.isEmpty && d.watch == nil ? nil : d }
@@ -201,7 +208,7 @@ package final class EventRegistry: @unchecked Sendable {
             }
             return
         }
-        if let w = d.watch, w.pending, d.watched == wanted { return }
+        if let w = d.watch, w.pending, d.watched == wanted, !joined { return }
         generation = generation == .max ? 1 : generation + 1
         let key = UInt64(generation) << 32 | UInt64(UInt32(bitPattern: fd))
         let rc = backend.watch(fd, for: wanted, key: key, replacing: d.watch)
