@@ -122,11 +122,20 @@ public enum EventBackends {
     /// Creates a backend of `kind`, or of the preferred kind: the
     /// `SPINDLE_EVENT_BACKEND` environment variable (`io_uring` or `epoll`)
     /// if set, else io_uring when this process may use it, else epoll.
-    /// Throws when the kernel refuses the kind asked for.
+    /// Throws when the kernel refuses the kind asked for. With no kind asked
+    /// for or forced, a ring the kernel refuses now (ENOMEM: the locked-memory
+    /// limit; EMFILE) falls back to epoll before anything is thrown.
     package static func makeBackend(_ kind: EventBackendKind? = nil) throws(SystemCallError) -> any EventBackend {
         switch kind ?? preferredKind {
-        case .ioUring: try URingEventBackend()
-        case .epoll: try EpollEventBackend()
+        case .ioUring:
+            do {
+                return try URingEventBackend()
+            } catch {
+                guard kind == nil, getenv("SPINDLE_EVENT_BACKEND") == nil else { throw error }
+                return try EpollEventBackend()
+            }
+        case .epoll:
+            return try EpollEventBackend()
         }
     }
 
