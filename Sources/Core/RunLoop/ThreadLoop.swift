@@ -55,6 +55,11 @@ public final class ThreadLoop: @unchecked Sendable {
     /// Run state (owner thread only).
     private var readyEvents: [ReadyEvent] = []
     private var runDepth = 0
+    /// The modes of the runs in progress, innermost last. Guarded by `lock`
+    /// (written only by the owner thread, read by any).
+    private var runningModes: [LoopMode] = []
+    /// `runningModes`, for `currentMode` (call with `lock` held).
+    var runningModesSnapshot: [LoopMode] { runningModes }
 
     struct DescriptorState {
         let source: LoopSource
@@ -352,7 +357,11 @@ public final class ThreadLoop: @unchecked Sendable {
         require(mode != .common, "ThreadLoop.run: `.common` is a set of modes; run in one of them")
         if isEmpty(mode) { return .finished }
         runDepth += 1
-        defer { runDepth -= 1 }
+        lock.withLock { runningModes.append(mode) }
+        defer {
+            runDepth -= 1
+            lock.withLock { _ = runningModes.popLast() }
+        }
         notify(.entry, mode)
         var result: LoopRunResult?
         repeat {
@@ -473,6 +482,18 @@ public final class ThreadLoop: @unchecked Sendable {
             if stopAfterOne { break }
         }
         return handled
+    }
+
+    /// The earliest fire date of `mode`'s valid timers, or nil.
+    func earliestFireDate(_ mode: LoopMode) -> MonotonicClock.Instant? {
+        lock.withLock {
+            var earliest: MonotonicClock.Instant?
+            for t in table.items(in: mode)?.timers ?? [] where t.isValid {
+                let d = t.fireDate
+                if earliest.map({ d < $0 }) ?? true { earliest = d }
+            }
+            return earliest
+        }
     }
 
     private func nextTimerDeadline(_ mode: LoopMode) -> MonotonicClock.Instant {
