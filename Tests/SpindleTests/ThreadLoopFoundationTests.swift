@@ -54,6 +54,23 @@ struct ThreadLoopFoundationTests {
         }
     }
 
+    /// Runs take deadlines on Swift's clocks too.
+    @Test(arguments: availableBackends)
+    func runTakesSwiftClockDeadlines(kind: EventBackendKind) {
+        onLoopThread(kind) { loop in
+            let log = EventLog()
+            let keep = LoopSource { _ in }
+            loop.add(keep)
+            let start = MonotonicClock.now
+            #expect(loop.run(mode: .default, until: ContinuousClock.now + .milliseconds(20)) == .timedOut)
+            #expect(start.duration(to: .now) >= .milliseconds(20))
+            loop.perform { log.append("perform") }
+            loop.run(until: SuspendingClock.now)
+            #expect(log.all == ["perform"])
+            keep.invalidate()
+        }
+    }
+
     /// Loops are `Hashable` by identity.
     @Test func loopsCompareByIdentity() {
         let here = ThreadLoop.current

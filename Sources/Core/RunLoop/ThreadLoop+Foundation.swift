@@ -19,6 +19,25 @@ extension ThreadLoop {
     }
 }
 
+/// Deadlines on any of Spindle's and Swift's monotonic clocks.
+extension ThreadLoop {
+    /// As `run(mode:until:returnAfterSourceHandled:)`, with `deadline` on
+    /// `ContinuousClock`, `SuspendingClock` or any `MonotonicClockConvertible`
+    /// clock (converted once, on entry).
+    @discardableResult
+    public func run<Deadline: MonotonicClockConvertible>(
+        mode: LoopMode = .default, until deadline: Deadline, returnAfterSourceHandled: Bool = false
+    ) -> LoopRunResult {
+        run(mode: mode, until: deadline.monotonicInstant, returnAfterSourceHandled: returnAfterSourceHandled)
+    }
+
+    /// As `run(until:)`, with `deadline` on any `MonotonicClockConvertible`
+    /// clock (`ContinuousClock.now + .seconds(1)`).
+    public func run<Deadline: MonotonicClockConvertible>(until deadline: Deadline) {
+        run(until: deadline.monotonicInstant)
+    }
+}
+
 /// Loops compare by identity: each thread has one loop for its life, so two
 /// references are equal when they name the same loop (Foundation's
 /// `RunLoop` compares the same way).
