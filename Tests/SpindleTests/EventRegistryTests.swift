@@ -156,69 +156,36 @@ struct EventRegistryTests {
     }
 
     /// A descriptor number closed and reused at once, with the old
-    /// registration's watch still in the kernel: the new registration works
-    /// and nothing of the old one is reported.
-    @Test(arguments: availableBackends)
-    func reusedDescriptorNumberStartsClean(kind: EventBackendKind) throws {
+    /// registration's watch still in the kernel (disabled after its report,
+    /// or, with `oldStillArmed`, pending on the old file): the new
+    /// registration gets a watch of its own, works, and nothing of the old
+    /// one is reported.
+    @Test(arguments: availableBackends, [false, true])
+    func reusedDescriptorNumberStartsClean(kind: EventBackendKind, oldStillArmed: Bool) throws {
         let registry = try EventRegistry(kind: kind)
-        var first: [Int32] = [0, 0]
-        #expect(pipe(&first) == 0)
-        let number = first[0]
-        let old = try registry.register(number, for: .readable)
-        var b: UInt8 = 1
-        _ = write(first[1], &b, 1)
+        // A number no other test uses (see `makePipe(readEndAt:)`).
+        let number: Int32 = 910 + (kind == .epoll ? 1 : 0) + (oldStillArmed ? 2 : 0)
+        let (oldRead, oldWrite) = makePipe(readEndAt: number)
+        let old = try registry.register(oldRead, for: .readable)
         var events: [ReadyEvent] = []
-        _ = registry.wait(until: .now.advanced(by: .seconds(10)), events: &events)
-        #expect(events.map(\.token) == [old])
-        // Reported, so not armed; ended and closed, and the number reused.
-        registry.deregister(old)
-        close(first[0])
-        close(first[1])
-        var second: [Int32] = [0, 0]
-        #expect(pipe(&second) == 0)
-        defer { close(second[0]); close(second[1]) }
-        if second[0] != number {
-            #expect(dup2(second[0], number) == number)
-            close(second[0])
-            second[0] = number
+        if oldStillArmed {
+            registry.applyChanges()  // its watch is in the kernel, pending
+        } else {
+            poke(oldWrite)
+            _ = registry.wait(until: .now.advanced(by: .seconds(10)), events: &events)
+            #expect(events.map(\.token) == [old])
         }
-        let new = try registry.register(number, for: .readable)
-        _ = write(second[1], &b, 1)
+        registry.deregister(old)
+        close(oldRead)
+        close(oldWrite)
+        let (newRead, newWrite) = makePipe(readEndAt: number)
+        defer { close(newRead); close(newWrite) }
+        let new = try registry.register(newRead, for: .readable)
+        poke(newWrite)
         events.removeAll()
         _ = registry.wait(until: .now.advanced(by: .seconds(10)), events: &events)
         #expect(events.map(\.token) == [new])
         #expect(events.first?.failure == nil)
-        registry.deregister(new)
-    }
-
-    /// The same, with the old registration still armed (its watch pending in
-    /// the kernel, on the old file) when the number is reused: the new
-    /// registration gets a watch of its own.
-    @Test(arguments: availableBackends)
-    func reusedNumberWhileTheOldWatchWasPending(kind: EventBackendKind) throws {
-        let registry = try EventRegistry(kind: kind)
-        var first: [Int32] = [0, 0]
-        #expect(pipe(&first) == 0)
-        let number = first[0]
-        let old = try registry.register(number, for: .readable)
-        registry.applyChanges()  // the old watch is in the kernel now
-        registry.deregister(old)
-        close(first[0])
-        close(first[1])
-        var second: [Int32] = [0, 0]
-        #expect(pipe(&second) == 0)
-        defer { close(second[0]); close(second[1]) }
-        if second[0] != number {
-            #expect(dup2(second[0], number) == number)
-            close(second[0])
-            second[0] = number
-        }
-        let new = try registry.register(number, for: .readable)
-        var b: UInt8 = 1
-        _ = write(second[1], &b, 1)
-        var events: [ReadyEvent] = []
-        _ = registry.wait(until: .now.advanced(by: .seconds(10)), events: &events)
-        #expect(events.map(\.token) == [new])
         registry.deregister(new)
     }
 

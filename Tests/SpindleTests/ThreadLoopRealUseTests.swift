@@ -7,32 +7,6 @@ import TestSupport
 import Glibc
 #endif
 
-/// Writes one byte to `fd`.
-private func poke(_ fd: Int32) {
-    var b: UInt8 = 1
-    _ = write(fd, &b, 1)
-}
-
-/// Reads one byte from `fd`.
-private func drain(_ fd: Int32) {
-    var b: UInt8 = 0
-    _ = read(fd, &b, 1)
-}
-
-/// Makes a pipe whose read end has the number `number`, so a test can reuse
-/// a descriptor number on purpose. The numbers used are far above what the
-/// test process allocates by itself (lowest free number first), and the
-/// suite is serialized, so no other test's descriptor is taken.
-private func pipe(readEndAt number: Int32) -> (Int32, Int32) {
-    var fds: [Int32] = [0, 0]
-    precondition(pipe(&fds) == 0)
-    if fds[0] != number {
-        precondition(dup2(fds[0], number) == number)
-        close(fds[0])
-    }
-    return (number, fds[1])
-}
-
 /// The run loop driven the way ordinary programs drive it: descriptors that
 /// close and get reused, sockets with a reader and a writer, signals, fork.
 @Suite("ThreadLoop: real descriptors, signals and fork", .serialized)
@@ -43,7 +17,7 @@ struct ThreadLoopRealUseTests {
     @Test(arguments: availableBackends)
     func reusedDescriptorAfterHandlerClosedIt(kind: EventBackendKind) {
         onLoopThread(kind) { loop in
-            let (readEnd, writeEnd) = pipe(readEndAt: 900)
+            let (readEnd, writeEnd) = makePipe(readEndAt: 900)
             let log = EventLog()
             let first = LoopSource(descriptor: readEnd) { source, _ in
                 log.append("first")
@@ -54,7 +28,7 @@ struct ThreadLoopRealUseTests {
             poke(writeEnd)
             #expect(loop.run(mode: .default, timeout: .seconds(10), returnAfterSourceHandled: true) == .handledSource)
             close(writeEnd)
-            let (again, againWrite) = pipe(readEndAt: 900)
+            let (again, againWrite) = makePipe(readEndAt: 900)
             defer { close(again); close(againWrite) }
             let second = LoopSource(descriptor: again) { _, _ in
                 drain(again)
@@ -79,7 +53,7 @@ struct ThreadLoopRealUseTests {
             loop.run(mode: .default, until: .distantFuture)
         }
         let loop = running.loop!
-        let (readEnd, writeEnd) = pipe(readEndAt: 901)
+        let (readEnd, writeEnd) = makePipe(readEndAt: 901)
         let held = LoopSource(descriptor: readEnd) { _, _ in log.append("held") }
         loop.add(held, forMode: "other")
         poke(writeEnd)
@@ -88,7 +62,7 @@ struct ThreadLoopRealUseTests {
         held.invalidate()
         close(readEnd)
         close(writeEnd)
-        let (again, againWrite) = pipe(readEndAt: 901)
+        let (again, againWrite) = makePipe(readEndAt: 901)
         defer { close(again); close(againWrite) }
         let fired = Latch()
         let fresh = LoopSource(descriptor: again) { source, _ in

@@ -178,60 +178,56 @@ struct EventRegistryStressTests {
         let clients = 3
         let rounds = 1_500
         let tally = ChurnTally()
-        let running = RunningLoop(kind) { loop in
-            while loop.run(mode: .default, timeout: .seconds(60)) != .stopped {}
-            return .stopped
-        }
-        let loop = running.loop!
-        runThreads(clients) { _ in
-            for round in 0..<rounds {
-                var pair: [Int32] = [0, 0]
-                guard socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &pair) == 0 else {
-                    tally.failures.withLock { $0.append("socketpair: errno \(errno)") }
-                    return
-                }
-                let (mine, peer) = (pair[0], pair[1])
-                let done = Semaphore(value: 0)
-                let reader = LoopSource(
-                    descriptor: mine,
-                    failed: { _, error in tally.failures.withLock { $0.append("reader: \(error)") } }
-                ) { _, readiness in
-                    var b: UInt8 = 0
-                    if readiness.contains(.readable) && read(mine, &b, 1) == 1 {
-                        tally.fired.withLock { $0 += 1 }
-                        done.signal()
+        let registry = LockedValue<EventRegistry?>(nil)
+        withRunningLoop(kind) { loop in
+            registry.withLock { $0 = loop.registry }
+            runThreads(clients) { _ in
+                for round in 0..<rounds {
+                    var pair: [Int32] = [0, 0]
+                    guard socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &pair) == 0 else {
+                        tally.failures.withLock { $0.append("socketpair: errno \(errno)") }
+                        return
                     }
-                }
-                var extras: [LoopSource] = []
-                if round % 2 == 0 {
-                    extras.append(LoopSource(
-                        descriptor: mine, interest: .writable,
-                        failed: { _, error in tally.failures.withLock { $0.append("writer: \(error)") } }
-                    ) { _, _ in })
-                    extras.append(LoopSource(
+                    let (mine, peer) = (pair[0], pair[1])
+                    let done = Semaphore(value: 0)
+                    let reader = LoopSource(
                         descriptor: mine,
-                        failed: { _, error in tally.failures.withLock { $0.append("held: \(error)") } }
-                    ) { _, _ in })
-                    loop.add(extras[0])
-                    loop.add(extras[1], forMode: "never run")
+                        failed: { _, error in tally.failures.withLock { $0.append("reader: \(error)") } }
+                    ) { _, readiness in
+                        var b: UInt8 = 0
+                        if readiness.contains(.readable) && read(mine, &b, 1) == 1 {
+                            tally.fired.withLock { $0 += 1 }
+                            done.signal()
+                        }
+                    }
+                    var extras: [LoopSource] = []
+                    if round % 2 == 0 {
+                        extras.append(LoopSource(
+                            descriptor: mine, interest: .writable,
+                            failed: { _, error in tally.failures.withLock { $0.append("writer: \(error)") } }
+                        ) { _, _ in })
+                        extras.append(LoopSource(
+                            descriptor: mine,
+                            failed: { _, error in tally.failures.withLock { $0.append("held: \(error)") } }
+                        ) { _, _ in })
+                        loop.add(extras[0])
+                        loop.add(extras[1], forMode: "never run")
+                    }
+                    loop.add(reader)
+                    var b: UInt8 = UInt8(truncatingIfNeeded: round)
+                    _ = write(peer, &b, 1)
+                    if !done.wait(timeout: .seconds(20)) { tally.timeouts.withLock { $0 += 1 } }
+                    reader.invalidate()
+                    for e in extras { e.invalidate() }
+                    close(mine)
+                    close(peer)
                 }
-                loop.add(reader)
-                var b: UInt8 = UInt8(truncatingIfNeeded: round)
-                _ = write(peer, &b, 1)
-                if !done.wait(timeout: .seconds(20)) { tally.timeouts.withLock { $0 += 1 } }
-                reader.invalidate()
-                for e in extras { e.invalidate() }
-                close(mine)
-                close(peer)
             }
         }
-        loop.perform { loop.stop() }
-        _ = running.join()
-        running.keep.invalidate()
         #expect(tally.fired.withLock { $0 } == clients * rounds)
         #expect(tally.timeouts.withLock { $0 } == 0)
         #expect(tally.failures.withLock { $0 }.isEmpty)
-        let counts = loop.registry.counts
+        let counts = registry.withLock { $0 }!.counts
         #expect(counts.registrations == 0 && counts.descriptors == 0, "left in the registry: \(counts)")
     }
 }

@@ -72,3 +72,30 @@ public func withPipe<R>(_ body: (_ readEnd: Int32, _ writeEnd: Int32) throws -> 
     }
     return try body(fds[0], fds[1])
 }
+
+/// Writes one byte to `fd`.
+public func poke(_ fd: Int32) {
+    var b: UInt8 = 1
+    _ = write(fd, &b, 1)
+}
+
+/// Reads one byte from `fd`.
+public func drain(_ fd: Int32) {
+    var b: UInt8 = 0
+    _ = read(fd, &b, 1)
+}
+
+/// Makes a pipe whose read end has the number `number`, so a test can reuse
+/// a descriptor number on purpose. Use numbers from 900 up, each in one
+/// test (or one serialized suite) only: the test process allocates the
+/// lowest free numbers by itself, far below, so no other test's descriptor
+/// is taken.
+public func makePipe(readEndAt number: Int32) -> (readEnd: Int32, writeEnd: Int32) {
+    var fds: [Int32] = [0, 0]
+    precondition(pipe(&fds) == 0, "pipe failed: \(errno)")
+    if fds[0] != number {
+        precondition(dup2(fds[0], number) == number, "dup2 failed: \(errno)")
+        close(fds[0])
+    }
+    return (number, fds[1])
+}
