@@ -26,8 +26,17 @@ public final class LoopTimer: @unchecked Sendable {
 
     /// The time between firings of a repeating timer; nil for a one-shot.
     public let interval: Duration?
-    /// How late the loop may fire the timer to coalesce wake-ups.
-    public let tolerance: Duration
+    /// How late the loop may fire the timer to coalesce wake-ups; never
+    /// early. Settable from any thread (Foundation's `tolerance`); a negative
+    /// value is a precondition failure. Never blocks.
+    public var tolerance: Duration {
+        get { .nanoseconds(toleranceNanoseconds.load(ordering: .relaxed)) }
+        set {
+            require(newValue >= .zero, "LoopTimer.tolerance: \(newValue); it cannot be negative")
+            toleranceNanoseconds.store(newValue.nanosecondsSaturating, ordering: .relaxed)
+        }
+    }
+    private let toleranceNanoseconds: Atomic<Int64>
     let handler: (LoopTimer) -> Void
     /// Identifies the object on whose behalf a delayed perform was queued.
     let target: ObjectIdentifier?
@@ -54,7 +63,7 @@ public final class LoopTimer: @unchecked Sendable {
         }
         require(tolerance >= .zero, "LoopTimer.init: `tolerance` is \(tolerance); it cannot be negative")
         self.interval = interval
-        self.tolerance = tolerance
+        self.toleranceNanoseconds = Atomic(tolerance.nanosecondsSaturating)
         self.handler = handler
         self.target = nil
         nextFire = Atomic(fireDate.nanoseconds)
@@ -71,7 +80,7 @@ public final class LoopTimer: @unchecked Sendable {
 
     init(fireAt fireDate: MonotonicClock.Instant, target: ObjectIdentifier?, _ handler: @escaping (LoopTimer) -> Void) {
         interval = nil
-        tolerance = .zero
+        toleranceNanoseconds = Atomic(0)
         self.handler = handler
         self.target = target
         nextFire = Atomic(fireDate.nanoseconds)
@@ -79,10 +88,32 @@ public final class LoopTimer: @unchecked Sendable {
 
     deinit { owner.load(ordering: .relaxed)?.release() }
 
-    /// When the timer fires next. Never blocks; a snapshot (the loop thread
-    /// moves a repeating timer's date as it fires).
+    /// When the timer fires next. Reading never blocks and is a snapshot
+    /// (the loop thread moves a repeating timer's date as it fires).
+    ///
+    /// Setting it reschedules the timer, as Foundation's `fireDate` does: it
+    /// fires next at the new date (a repeating timer keeps its interval from
+    /// there), and its loop is woken if it sleeps, to sleep until the right
+    /// date. Any thread; a set that races a firing on the loop's thread may
+    /// be overtaken by the date that firing computes.
     public var fireDate: MonotonicClock.Instant {
-        MonotonicClock.Instant(nanoseconds: nextFire.load(ordering: .relaxed))
+        get { MonotonicClock.Instant(nanoseconds: nextFire.load(ordering: .relaxed)) }
+        set {
+            // Releasing, then the wake: the loop sees the new date when it
+            // recomputes its sleep.
+            nextFire.store(newValue.nanoseconds, ordering: .releasing)
+            owner.load(ordering: .acquiring)?.takeUnretainedValue().loop?.timerRescheduled()
+        }
+    }
+
+    /// Runs the handler now, on the calling thread, outside the schedule
+    /// (Foundation's `fire()`): a repeating timer keeps its next date; a
+    /// one-shot is invalidated after its handler returns. Nothing for an
+    /// invalid timer. Blocks for as long as the handler runs.
+    public func fire() {
+        guard isValid else { return }
+        handler(self)
+        if interval == nil { invalidate() }
     }
 
     /// Whether the timer can still fire. Never blocks. Acquiring: pairs with

@@ -290,6 +290,12 @@ public final class ThreadLoop: @unchecked Sendable {
         lock.withLock { table.remove(timer, from: mode) }
     }
 
+    /// Called when a timer's fire date was set: a sleeping loop wakes to
+    /// sleep until the right date; the loop's own thread needs nothing.
+    func timerRescheduled() {
+        if !isCurrent { wakeUp() }
+    }
+
     /// Called by `LoopTimer.invalidate()` and after a one-shot fired: drop
     /// it from every mode.
     func timerInvalidated(_ timer: LoopTimer) {
