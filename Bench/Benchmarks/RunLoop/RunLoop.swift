@@ -29,6 +29,7 @@ final class Counter: @unchecked Sendable {
     // @unchecked: the word is only accessed atomically.
     let word = UnsafeMutablePointer<UInt32>.allocate(capacity: 1)
     init() { word.initialize(to: 0) }
+    deinit { word.deallocate() }
     var value: UInt32 { AtomicMemory.load(from: word, ordering: .acquiring) }
     func bump() {
         AtomicMemory.increment(word, ordering: .releasing)
@@ -36,14 +37,16 @@ final class Counter: @unchecked Sendable {
     }
     /// Blocks until the count reaches `target`, at most 10 s (a benchmark
     /// must never hang: a peer that stops delivering is reported instead).
-    func wait(for target: UInt32) {
+    /// Returns false if it gave up.
+    @discardableResult
+    func wait(for target: UInt32) -> Bool {
         let deadline = MonotonicClock.now.advanced(by: .seconds(10))
         while true {
             let v = value
-            if v >= target { return }
+            if v >= target { return true }
             if Futex(word).wait(expecting: v, until: deadline) == .timedOut {
                 FileHandle.standardError.write(Data("RunLoop benchmarks: an event did not arrive within 10 s\n".utf8))
-                return
+                return false
             }
         }
     }
@@ -268,6 +271,7 @@ let benchmarks: @Sendable () -> Void = {
     })
     sideBySide(group: "loop.timer.lateness 1ms", settings: latenessSettings, implementations: lateness)
     addRemoveBenchmarks()
+    echoBenchmarks(backends)
 }
 
 extension Duration {

@@ -26,8 +26,9 @@
 //
 // Declared metrics: `timePerOperation` (picoseconds per operation, measured by
 // a benchmark whose iteration runs for a fixed time) replaces the wall clock
-// divided by N for its rows; the others (`fairness`, `mallocCountTotal`,
-// `mallocBytesCount`) become extra columns of their group, after the ratio.
+// divided by N for its rows; the others (`fairness`, `cpuPerOperation`,
+// `mallocCountTotal`, `mallocBytesCount`) become extra columns of their
+// group, after the ratio.
 
 import Foundation
 
@@ -133,6 +134,9 @@ struct MetricKind {
         MetricKind(
             name: "fairness", jmhKey: "fairness", scaling: .thousandths, isDeclaredOnly: true,
             column: "fairness (worst)", prefersLarger: true),
+        MetricKind(
+            name: "cpuPerOperation", jmhKey: "cpuPerOperation", scaling: .picosecondsPerOperation,
+            isDeclaredOnly: true, column: "cpu ns/op"),
     ]
 
     /// The metric whose values stand for the wall clock in rows that declare it.
@@ -480,6 +484,10 @@ func printTable(_ groups: [(group: String, rows: [Row])], metric: MetricKind) {
         print("mallocs/op, bytes/op = allocations and bytes requested from malloc per operation"
             + " (package-benchmark's count; malloc's header and rounding not included, except"
             + " that aligned allocations such as UnsafeMutablePointer.allocate count malloc's usable size)")
+    }
+    if allExtras.contains(where: { $0.name == "cpuPerOperation" }) {
+        print("cpu ns/op = CPU time of the whole process (every thread, user + system) per operation, median;"
+            + " above the time when more than one thread is busy")
     }
     if groups.contains(where: { $0.rows.contains { $0.name.columns.contains(MetricKind.timePerOperationName) } }) {
         print("groups with fairness run each iteration for a fixed time; their time is that time"

@@ -1,5 +1,9 @@
 import Benchmark
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 // Metrics a group reports besides its time
 // ========================================
 //
@@ -30,6 +34,13 @@ import Benchmark
 //   The interposer bills an aligned allocation (posix_memalign, which Swift's
 //   UnsafeMutablePointer.allocate uses) at malloc's usable size instead, so a
 //   40-byte pthread_mutex_t allocated that way counts 40 to 56 bytes.
+// - `cpuPerOperation`: the CPU time the whole process spent (every thread,
+//   user and system: CLOCK_PROCESS_CPUTIME_ID, exact to the nanosecond on
+//   Linux, unlike package-benchmark's CPU metrics, read from /proc in 10 ms
+//   ticks) over the measured part of an iteration, per operation, in
+//   picoseconds. For rows where one thread waits for another: a waiter that
+//   spins shows here what its speed costs. BenchReport shows it as a column
+//   beside the time; a row that burns two cores shows about twice its time.
 
 /// A metric that a group measures and BenchReport prints for it.
 public struct ReportedMetric {
@@ -61,6 +72,14 @@ public struct ReportedMetric {
         ReportedMetric(name: "fairness", metric: .custom("fairness", polarity: .prefersLarger, useScalingFactor: false))
     }
 
+    /// The process's CPU time per operation, in picoseconds; see
+    /// `Benchmark.recordCPUTimePerOperation(_:operations:)`.
+    public static var cpuPerOperation: ReportedMetric {
+        ReportedMetric(
+            name: "cpuPerOperation",
+            metric: .custom("cpuPerOperation", polarity: .prefersSmaller, useScalingFactor: false))
+    }
+
     /// Allocations per operation, counted by package-benchmark.
     public static var mallocCount: ReportedMetric {
         ReportedMetric(name: "mallocCountTotal", metric: .mallocCountTotal)
@@ -87,6 +106,18 @@ extension Benchmark {
         measurement(ReportedMetric.timePerOperation.metric, Int((picoseconds / Double(operations)).rounded()))
     }
 
+    /// Records the CPU time the process spent over an iteration that did
+    /// `operations` operations (`cpu`: the difference of two
+    /// `ProcessCPUTime.now` readings taken around the measured part): the
+    /// `cpuPerOperation` metric, in picoseconds. Does nothing during warm-up
+    /// iterations.
+    public func recordCPUTimePerOperation(_ cpu: Duration, operations: Int) {
+        precondition(operations > 0, "recordCPUTimePerOperation: an iteration with no operation has no CPU time per operation")
+        let (seconds, attoseconds) = cpu.components
+        let picoseconds = Double(seconds) * 1e12 + Double(attoseconds) / 1e6
+        measurement(ReportedMetric.cpuPerOperation.metric, Int((picoseconds / Double(operations)).rounded()))
+    }
+
     /// Records how evenly the threads of one iteration shared the work: the
     /// `fairness` metric, fewest over most operations per thread, in
     /// thousandths. Does nothing during warm-up iterations.
@@ -95,5 +126,18 @@ extension Benchmark {
             preconditionFailure("recordFairness: no thread did any operation")
         }
         measurement(ReportedMetric.fairness.metric, fewest * 1000 / most)
+    }
+}
+
+/// The CPU time this process has used so far: all its threads, live and
+/// ended, user and system time (`clock_gettime(CLOCK_PROCESS_CPUTIME_ID)`,
+/// nanosecond resolution on Linux; one system call, under a microsecond).
+/// Subtract two readings taken around the measured part of an iteration.
+public enum ProcessCPUTime {
+    public static var now: Duration {
+        var time = timespec()
+        let result = clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &time)
+        precondition(result == 0, "clock_gettime(CLOCK_PROCESS_CPUTIME_ID) failed: errno \(errno)")
+        return .seconds(time.tv_sec) + .nanoseconds(time.tv_nsec)
     }
 }
