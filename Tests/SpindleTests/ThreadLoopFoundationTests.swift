@@ -71,6 +71,43 @@ struct ThreadLoopFoundationTests {
         }
     }
 
+    /// `LoopTimer.fire()` runs the handler at once: a repeating timer keeps
+    /// its schedule, a one-shot is invalidated.
+    @Test func fireRunsTheHandlerOutsideTheSchedule() {
+        let log = EventLog()
+        let date = MonotonicClock.now.advanced(by: .seconds(60))
+        let repeating = LoopTimer(fireAt: date, interval: .seconds(1)) { _ in log.append("repeating") }
+        let once = LoopTimer(fireAt: date) { _ in log.append("once") }
+        repeating.fire()
+        once.fire()
+        once.fire()  // invalid now: nothing
+        #expect(log.all == ["repeating", "once"])
+        #expect(repeating.isValid && repeating.fireDate == date)
+        #expect(!once.isValid)
+        repeating.invalidate()
+    }
+
+    /// Setting `fireDate` from another thread reschedules a timer whose loop
+    /// sleeps until its old date; `tolerance` is settable.
+    @Test(arguments: availableBackends)
+    func settingFireDateReschedulesASleepingLoop(kind: EventBackendKind) {
+        let log = EventLog()
+        let timer = LoopTimer(after: .seconds(3_600)) { _ in log.append("fired") }
+        timer.tolerance = .milliseconds(1)
+        #expect(timer.tolerance == .milliseconds(1))
+        let running = RunningLoop(kind) { loop in
+            loop.add(timer)
+            return loop.run(mode: .default, timeout: .seconds(30), returnAfterSourceHandled: true)
+        }
+        usleep(30_000)  // the loop sleeps until the timer's hour
+        let start = MonotonicClock.now
+        timer.fireDate = MonotonicClock.now.advanced(by: .milliseconds(10))
+        while log.all.isEmpty && start.duration(to: .now) < .seconds(20) { usleep(1_000) }
+        #expect(log.all == ["fired"])
+        running.loop.stop()
+        _ = running.join()
+    }
+
     /// Loops are `Hashable` by identity.
     @Test func loopsCompareByIdentity() {
         let here = ThreadLoop.current

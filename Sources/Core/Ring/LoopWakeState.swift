@@ -123,17 +123,21 @@ final class LoopWakeState: @unchecked Sendable {
         case sleepInKernel
     }
 
-    /// The part of every backend's wait that needs no kernel wait: a short
-    /// spin for a wake already on its way; then, if no descriptor is armed
-    /// (`descriptorsArmed` false), a sleep on the wake word that ends
-    /// `wakeLead` before `deadline`, and a spin for the rest. Call only with
-    /// a wait that may block (a non-zero timeout).
+    /// The part of a wait that needs no kernel wait, for a registry that
+    /// watches no descriptor (`descriptorsArmed` false): a short spin for a
+    /// wake already on its way, then a sleep on the wake word that ends
+    /// `wakeLead` before `deadline`, and a spin for the rest. With
+    /// descriptors armed it does nothing: the wait sleeps in the kernel at
+    /// once. Call only with a wait that may block (a non-zero timeout).
     func waitBeforeKernel(until deadline: MonotonicClock.Instant?, descriptorsArmed: Bool) -> Prelude {
+        // With descriptors armed the spin would watch only the wake word,
+        // never the descriptors: each of their events would cost the whole
+        // spin in CPU, and one arriving during it would wait for its end.
+        guard !descriptorsArmed else { return .sleepInKernel }
         if spinForWake(until: deadline) {
             leaveSleep()
             return .woken
         }
-        guard !descriptorsArmed else { return .sleepInKernel }
         if sleepOnFutex(until: Self.sleepDeadline(for: deadline)) { return .woken }
         if let deadline, spinForWake(until: deadline, atMost: Self.wakeLead * 2) {
             leaveSleep()
