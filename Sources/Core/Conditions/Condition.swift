@@ -6,10 +6,26 @@
 /// all). `wait` releases the lock while the thread waits and takes it again
 /// before returning, so the predicate is always tested under the lock:
 ///
-///     condition.lock()
-///     while pending == 0 { condition.wait() }
-///     pending -= 1
-///     condition.unlock()
+/// ```swift
+/// final class Mailbox: @unchecked Sendable {   // @unchecked: `letters` is guarded by `condition`
+///     private let condition = Condition()
+///     private var letters: [String] = []
+///
+///     func post(_ letter: String) {
+///         condition.lock()
+///         letters.append(letter)
+///         condition.signal()                   // wakes a reader once the lock is released
+///         condition.unlock()
+///     }
+///
+///     func take() -> String {
+///         condition.lock()
+///         defer { condition.unlock() }
+///         while letters.isEmpty { condition.wait() }  // releases the lock while it sleeps
+///         return letters.removeFirst()
+///     }
+/// }
+/// ```
 ///
 /// - Spurious wake-ups are part of the model: `wait` may return although
 ///   nobody signalled (among others, when a signal meant for another waiter

@@ -1,6 +1,19 @@
 /// A counting semaphore with the dispatch-semaphore model: Spindle's
 /// `DispatchSemaphore`.
 ///
+/// ```swift
+/// let slots = Semaphore(value: 4)                // at most four copies at a time
+/// var copies: [SpawnedThread<Void>] = []
+/// for file in files {
+///     slots.wait()                               // blocks while four are running
+///     copies.append(try NativeThread.start {
+///         defer { slots.signal() }
+///         print("copying", file)
+///     })
+/// }
+/// for copy in copies { try copy.join() }
+/// ```
+///
 /// The semaphore counts available resources. `wait()` takes one, sleeping
 /// while none is available; `signal()` returns one, waking a waiter if any
 /// thread waits. As in the Concurrency Programming Guide's description of

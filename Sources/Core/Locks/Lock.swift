@@ -1,5 +1,27 @@
 /// A mutual-exclusion lock on a futex: Spindle's `NSLock` / `pthread_mutex_t`.
 ///
+/// A class whose state a lock guards (for a single value, `LockedValue` is
+/// simpler):
+///
+/// ```swift
+/// final class Account: @unchecked Sendable {   // @unchecked: `balance` is guarded by `lock`
+///     private let lock = Spindle.Lock()
+///     private var balance = 0
+///
+///     func deposit(_ amount: Int) {
+///         lock.withLock { balance += amount }
+///     }
+///
+///     func withdraw(_ amount: Int) -> Bool? {
+///         guard lock.lock(timeout: .milliseconds(10)) else { return nil }  // busy
+///         defer { lock.unlock() }
+///         guard balance >= amount else { return false }
+///         balance -= amount
+///         return true
+///     }
+/// }
+/// ```
+///
 /// - Uncontended, `lock()` and `unlock()` are one atomic compare-and-swap each,
 ///   inlined into the caller; no system call.
 /// - Contended, a thread spins briefly (only while nobody is asleep on the

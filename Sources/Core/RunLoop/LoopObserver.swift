@@ -3,6 +3,16 @@
 /// (lower first). A one-shot observer (`repeats: false`) invalidates itself
 /// after its first call.
 ///
+/// ```swift
+/// let pending = LockedValue<[String]>([])
+/// let flush = LoopObserver(activities: .beforeWaiting) { _, _ in
+///     // Once per burst of events, just before the loop sleeps.
+///     let lines = pending.withLock { lines in defer { lines.removeAll() }; return lines }
+///     for line in lines { print(line) }
+/// }
+/// loop.add(flush, forMode: .common)
+/// ```
+///
 /// Thread-safe: `invalidate()` may be called from any thread; once it
 /// returns the handler is not called again (unless it is running right now
 /// on the loop thread).

@@ -12,6 +12,23 @@ import Synchronization
 ///   loop's event backend watches a file descriptor and the handler runs
 ///   with its readiness. Later layers (ports, event sources) build on it.
 ///
+/// A custom source that takes messages from other threads:
+///
+/// ```swift
+/// let inbox = LockedValue<[String]>([])
+/// let source = LoopSource { _ in                 // on the loop's thread
+///     let messages = inbox.withLock { queued in
+///         defer { queued.removeAll() }
+///         return queued
+///     }
+///     for message in messages { print(message) }
+/// }
+/// loop.add(source)
+///
+/// inbox.withLock { $0.append("hello") }          // any thread: first the work,
+/// source.signal()                                // then the signal
+/// ```
+///
 /// Sources of a mode fire in `order` (lower first). A source may be in
 /// several modes of several loops. Thread-safe: `signal()`, `invalidate()`
 /// and adding or removing it work from any thread, and wake the loops

@@ -3,6 +3,15 @@ import Synchronization
 /// A timer source: its handler runs on a loop's thread at its fire date, and
 /// for a repeating timer at every `interval` after it.
 ///
+/// ```swift
+/// let remaining = LockedValue(10)
+/// let timer = LoopTimer(after: .milliseconds(50), interval: .milliseconds(50), tolerance: .milliseconds(5)) { timer in
+///     let left = remaining.withLock { $0 -= 1; return $0 }
+///     if left == 0 { timer.invalidate() }         // fired ten times: done
+/// }
+/// loop.add(timer, forMode: .common)              // fires in every common mode
+/// ```
+///
 /// Repeating timers keep to their schedule, not to when they actually fired:
 /// the next date is always the first date + n × interval. A timer that was
 /// late by more than a period fires once for all the periods it missed, then

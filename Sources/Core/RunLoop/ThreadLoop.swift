@@ -7,6 +7,24 @@ import Glibc
 /// A thread's run loop: Spindle's `NSRunLoop`/`CFRunLoop`, on an io_uring
 /// (or epoll) event backend.
 ///
+/// A loop thread with a timer and a queued block (the catalog's article
+/// <doc:RunningALoopThread> adds sources, a pipe, observers and modes):
+///
+/// ```swift
+/// let worker = try LoopThread.start()            // a thread that runs its loop
+/// let loop = worker.loop
+///
+/// let ticks = LockedValue(0)
+/// let timer = LoopTimer(after: .milliseconds(100), interval: .milliseconds(100)) { _ in
+///     ticks.withLock { $0 += 1 }                  // on the loop's thread
+/// }
+/// loop.add(timer)                                // from any thread
+/// loop.perform { print("queued from another thread, run on the loop's") }
+///
+/// worker.stop()                                  // the loop's run returns
+/// try worker.join()
+/// ```
+///
 /// Every thread has at most one, made on first use (`ThreadLoop.current`).
 /// A loop is run only by its own thread; everything else (adding and
 /// removing sources, timers and observers, `wakeUp()`, `stop()`, performs)

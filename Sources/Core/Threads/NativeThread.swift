@@ -12,6 +12,19 @@ import Musl
 /// thread made with `pthread_create`), which Spindle registers the first time
 /// it asks for `NativeThread.current`.
 ///
+/// ```swift
+/// let attributes = NativeThread.Attributes(name: "scanner", affinity: [Topology.onlineCPUs[0]])
+/// let scanner = try NativeThread.start(attributes) {
+///     var rounds = 0
+///     while !NativeThread.current.isCancelled {  // stops where it chooses
+///         rounds += 1                            // ... a chunk of work ...
+///     }
+///     return rounds
+/// }
+/// scanner.cancel()                               // a request, not a kill
+/// let rounds = try scanner.join()
+/// ```
+///
 /// A `NativeThread` gives a thread's identity (`id`, `name`, `isMainThread`),
 /// cooperative cancellation (`cancel()`, `isCancelled`, a `sleep` that
 /// cancellation cuts short), its per-thread storage (`threadDictionary`, and
