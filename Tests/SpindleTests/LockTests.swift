@@ -1,3 +1,4 @@
+import CShims
 import Spindle
 import Testing
 import TestSupport
@@ -297,3 +298,92 @@ struct SynchronizedTests {
     }
 }
 
+
+@Suite("SpinLock")
+struct SpinLockTests {
+    /// A waiter ends its bounded spin asleep on the lock word (state 2), and
+    /// the holder's unlock wakes it: no yielding, no polling naps.
+    @Test func waiterSleepsOnTheWordUntilUnlock() {
+        let lock = SpinLock()
+        let value = Guarded()
+        lock.lock()
+        let join = startThread {
+            lock.lock()
+            value.value += 1
+            lock.unlock()
+        }
+        let giveUpAt = MonotonicClock.now.advanced(by: .seconds(10))
+        while lock.wordValue != 2 && MonotonicClock.now < giveUpAt { usleep(1_000) }
+        #expect(lock.wordValue == 2, "the waiter marked the word and sleeps on it")
+        lock.unlock()
+        join()
+        #expect(lock.withLock { value.value } == 1)
+        #expect(lock.wordValue == 0)
+    }
+
+    @Test func timedWaiterGivesUpAndLeavesTheLockUsable() {
+        let lock = SpinLock()
+        lock.lock()
+        let join = startThread {
+            #expect(!lock.lock(timeout: .milliseconds(5)))
+        }
+        join()
+        lock.unlock()
+        #expect(lock.wordValue == 0)
+        #expect(lock.tryLock())
+        lock.unlock()
+    }
+}
+
+/// Whether a thread may install a seccomp filter here (probed on a thread of
+/// its own, which the filter dies with).
+let seccompTrapsAvailable: Bool = {
+    nonisolated(unsafe) var rc: Int32 = 0
+    let join = startThread { rc = cshims_trap_scheduling_calls() }
+    join()
+    return rc == 0
+}()
+
+@Suite("Locks leave the caller's scheduling alone")
+struct LockSchedulingTests {
+    /// Sixteen threads on every lock kind, each thread under a seccomp filter
+    /// that turns `sched_yield` and `sched_setaffinity` into SIGSYS: the
+    /// child process survives only if no lock path makes either call.
+    @Test(.enabled(if: seccompTrapsAvailable, "seccomp filters are not available here"))
+    func contendedLocksNeverYieldOrSetAffinity() async {
+        let result = await #expect(processExitsWith: .success, observing: [\.standardErrorContent]) {
+            let lock = Lock()
+            let recursive = RecursiveLock()
+            let spin = SpinLock()
+            let readWrite = ReadWriteLock()
+            let conditionLock = ConditionLock(condition: 0)
+            let condition = Condition()
+            // One counter per lock: threads move from one lock to the next at
+            // their own pace.
+            let counts = (0..<5).map { _ in Guarded() }
+            let turns = Guarded()
+            let threads = 16
+            runThreads(threads) { index in
+                precondition(cshims_trap_scheduling_calls() == 0, "seccomp filter refused")
+                for _ in 0..<20_000 { lock.withLock { counts[0].value += 1 } }
+                for _ in 0..<5_000 { spin.withLock { counts[1].value += 1 } }
+                for _ in 0..<5_000 { recursive.withLock { recursive.withLock { counts[2].value += 1 } } }
+                for _ in 0..<5_000 { readWrite.withLock { counts[3].value += 1 } }
+                for _ in 0..<2_000 { conditionLock.withLock { counts[4].value += 1 } }
+                // Threads take turns in index order through one condition.
+                for round in 0..<50 {
+                    condition.lock()
+                    while turns.value != round * threads + index { condition.wait() }
+                    turns.value += 1
+                    condition.broadcast()
+                    condition.unlock()
+                }
+            }
+            let expected = [20_000, 5_000, 5_000, 5_000, 2_000].map { $0 * threads }
+            precondition(counts.map(\.value) == expected, "lost updates: \(counts.map(\.value))")
+        }
+        if case .exitCode(0)? = result?.exitStatus {} else {
+            Issue.record("child's stderr: \(String(decoding: result?.standardErrorContent ?? [], as: UTF8.self))")
+        }
+    }
+}

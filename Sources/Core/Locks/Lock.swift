@@ -29,12 +29,9 @@
 ///   (3–4 ms), and the shares are about as uneven as the adaptive mutex's
 ///   (see the README). A tenant that waits on a `Condition` or
 ///   `ConditionVariable` gives up its tenure first.
-/// - The heir may move itself to another CPU: if it finds the tenant not
-///   running while it runs itself, they most likely share a CPU, where the
-///   heir could wait behind the tenant for a whole scheduler tick. Only a
-///   thread allowed on every online CPU moves, and its affinity mask is
-///   restored at once; a `sched_setaffinity` on that thread by another
-///   thread during the move (~15 µs) is undone.
+/// - Never changes the caller's scheduling: no lock path sets a thread's
+///   affinity or priority or calls `sched_yield`; waiting is a bounded spin,
+///   then a futex sleep.
 /// - Deadlines on the monotonic clock (`lock(before:)`, `lock(timeout:)`).
 ///
 /// `Lock` is a handle: copies share one lock. The lock word lives in a
