@@ -299,6 +299,62 @@ struct SynchronizedTests {
 }
 
 
+@Suite("Locks and deadlines already past")
+struct PastDeadlineTests {
+    /// Held by another thread, so that a recursive lock does not simply recurse.
+    private func whileHeldElsewhere(_ lock: any Locking, _ body: () -> Void) {
+        let held = Latch()
+        let release = Latch()
+        let join = startThread {
+            lock.lock()
+            held.countDown()
+            _ = release.wait()
+            lock.unlock()
+        }
+        _ = held.wait()
+        body()
+        release.countDown()
+        join()
+    }
+
+    /// A past deadline on a held lock is exactly `tryLock`: the word stays
+    /// "held, nobody waiting", so the holder's unlock makes no system call.
+    @Test(arguments: AnyTestLock.allCases)
+    func pastDeadlineOnAHeldLockLeavesTheWordAsTryLockDoes(kind: AnyTestLock) {
+        let lock = kind.make()
+        func word() -> UInt32 {
+            switch lock {
+            case let l as Lock: l.wordValue
+            case let l as RecursiveLock: l.wordValue
+            case let l as SpinLock: l.wordValue
+            case let l as ReadWriteLock: l.wordValue
+            default: 0
+            }
+        }
+        whileHeldElsewhere(lock) {
+            let heldWord = word()
+            #expect(!lock.tryLock())
+            #expect(word() == heldWord)
+            #expect(!lock.lock(timeout: .zero))
+            #expect(word() == heldWord)
+            #expect(!lock.lock(before: MonotonicClock.now))
+            #expect(word() == heldWord)
+            #expect(!lock.lock(before: MonotonicClock.Instant(nanoseconds: 0)))
+            #expect(word() == heldWord)
+        }
+        #expect(word() == 0)
+    }
+
+    @Test func pastDeadlineOnAFreeLockTakesIt() {
+        for lock in AnyTestLock.allCases.map({ $0.make() }) {
+            #expect(lock.lock(timeout: .zero))
+            lock.unlock()
+            #expect(lock.lock(before: MonotonicClock.Instant(nanoseconds: 0)))
+            lock.unlock()
+        }
+    }
+}
+
 @Suite("SpinLock")
 struct SpinLockTests {
     /// A waiter ends its bounded spin asleep on the lock word (state 2), and

@@ -230,6 +230,9 @@ extension FutexMutex {
     @usableFromInline
     @inline(never)
     func lockContended(deadline: MonotonicClock.Instant, hasSlept alreadySlept: Bool = false) -> Bool {
+        // A deadline already past: exactly `tryLock`, with no spin and no
+        // `parked` bit (which would cost the holder's unlock a system call).
+        if !alreadySlept && !deadline.isDistantFuture && MonotonicClock.now >= deadline { return tryLock() }
         let futex = Futex(word)
         let me = Self.currentThreadTag
         var spins = 0

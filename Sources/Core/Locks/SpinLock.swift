@@ -71,7 +71,7 @@ public struct SpinLock: Locking, @unchecked Sendable {
 
     /// Acquires the lock, spinning briefly and then sleeping at most until
     /// `deadline`. Returns whether it acquired. Blocks. Acquire ordering on
-    /// success.
+    /// success. A deadline already past makes this `tryLock()`.
     @inlinable
     public func lock(before deadline: MonotonicClock.Instant) -> Bool {
         AtomicMemory.compareAndSwap(expected: 0, desired: Self.locked, at: word, ordering: .acquiring)
@@ -94,6 +94,8 @@ public struct SpinLock: Locking, @unchecked Sendable {
     @usableFromInline
     @inline(never)
     func lockContended(deadline: MonotonicClock.Instant) -> Bool {
+        // A deadline already past: exactly `tryLock`, no spin, no mark.
+        if !deadline.isDistantFuture && MonotonicClock.now >= deadline { return tryLock() }
         // Test, then test-and-set: spin on a load, which keeps the line
         // shared instead of bouncing it between cores.
         for round in 0..<Self.spinLimit {
