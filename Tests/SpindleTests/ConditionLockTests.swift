@@ -229,4 +229,61 @@ struct ConditionLockMisuseTests {
         let stderr = String(decoding: r?.standardErrorContent ?? [], as: UTF8.self)
         #expect(stderr.contains("ConditionLock.unlock(withCondition:): the lock is not locked"))
     }
+
+    /// `tryLock` of a free lock succeeds even while another thread holds the
+    /// internal guard (it used to wait for the guard, a fair mutex, for
+    /// milliseconds). Bounded so that a regression fails instead of hanging.
+    @Test func tryLockOfAFreeLockDoesNotWaitForTheGuard() {
+        let anyCondition = ConditionLock(condition: 3)
+        let thisCondition = ConditionLock(condition: 3)
+        anyCondition.lockGuardForTesting()
+        thisCondition.lockGuardForTesting()
+        let results = Flags()
+        let done = Latch()
+        let join = startThread {
+            results.set(0, anyCondition.tryLock() ? 1 : 2)
+            results.set(1, thisCondition.tryLock(whenCondition: 3) ? 1 : 2)
+            done.countDown()
+        }
+        let finished = done.wait(seconds: 10)
+        anyCondition.unlockGuardForTesting()
+        thisCondition.unlockGuardForTesting()
+        join()
+        #expect(finished, "tryLock waited for the guard")
+        #expect(results.get(0) == 1)
+        #expect(results.get(1) == 1)
+        anyCondition.unlock()
+        thisCondition.unlock()
+        #expect(anyCondition.tryLock())
+        anyCondition.unlock()
+    }
+
+    /// Threads hammering `lock()`/`unlock()` while another calls `tryLock()`:
+    /// every try returns, some succeed, and exclusion holds.
+    @Test func tryLockSucceedsWhileOthersHammer() {
+        let lock = ConditionLock(condition: 0)
+        let value = DataQueue()
+        let flags = Flags()
+        let hammerers = 8
+        runThreads(hammerers + 1) { index in
+            if index == hammerers {
+                var successes = 0
+                for _ in 0..<100_000 where lock.tryLock() {
+                    value.items.append(-1)
+                    successes += 1
+                    lock.unlock()
+                    if successes == 100 { break }
+                }
+                flags.set(0, successes)
+            } else {
+                for i in 0..<20_000 {
+                    lock.lock()
+                    value.items.append(i)
+                    lock.unlock()
+                }
+            }
+        }
+        #expect(flags.get(0) > 0, "tryLock never found the lock free")
+        #expect(value.items.count == hammerers * 20_000 + flags.get(0))
+    }
 }
