@@ -296,6 +296,53 @@ struct SynchronizedTests {
         join()
         #expect(synchronizedStripes >= 64)
     }
+
+    /// With 256 shared stripes, `synchronized` on one object blocked threads
+    /// on every object that hashed to its stripe. Each object has its own
+    /// lock now: while one thread holds `held`, another enters and leaves
+    /// `synchronized` on 2,000 other objects (some of which shared its stripe
+    /// before). Bounded, so that a regression fails instead of hanging.
+    @Test func differentObjectsNeverBlockEachOther() {
+        let held = Token()
+        let others = Unchecked((0..<2_000).map { _ in Token() })
+        let inside = Latch()
+        let release = Latch()
+        let done = Latch()
+        let box = Unchecked(held)
+        let holder = startThread {
+            synchronized(box.value) {
+                inside.countDown()
+                _ = release.wait()
+            }
+        }
+        _ = inside.wait()
+        let visitor = startThread {
+            for object in others.value { synchronized(object) {} }
+            done.countDown()
+        }
+        let finished = done.wait(seconds: 10)
+        release.countDown()
+        holder()
+        visitor()
+        #expect(finished, "synchronized on another object waited for the holder of `held`")
+    }
+
+    /// Nested blocks on pairs of objects, in opposite orders on different
+    /// threads (each pair used by one thread only, so there is no lock-order
+    /// inversion of the test's own): no deadlock, and exclusion holds while
+    /// entries are taken and reused.
+    @Test func nestedBlocksOnDistinctObjectsAndEntriesAreReused() {
+        let pairs = Unchecked((0..<64).map { _ in (Token(), Token()) })
+        let value = Guarded()
+        runThreads(4) { index in
+            for round in 0..<2_000 {
+                let (a, b) = pairs.value[(round * 4 + index) % 64]
+                let (first, second): (Token, Token) = index % 2 == 0 ? (a, b) : (b, a)
+                synchronized(first) { synchronized(second) { synchronized(value) { value.value += 1 } } }
+            }
+        }
+        #expect(value.value == 8_000)
+    }
 }
 
 
