@@ -63,6 +63,7 @@ public final class DistributedLock: @unchecked Sendable {
         /// Another system call failed.
         case system(SystemCallError, path: String)
 
+        /// The error in words, naming the path. Never blocks.
         public var description: String {
             switch self {
             case .directoryMissing(let p): "DistributedLock: the directory of \(p) does not exist"
@@ -80,8 +81,25 @@ public final class DistributedLock: @unchecked Sendable {
 
     /// What kind of file is at a path (`lstat(2)`'s file type).
     public enum FileType: Sendable, Hashable, CustomStringConvertible {
-        case regularFile, directory, symbolicLink, fifo, socket, characterDevice, blockDevice, other
+        /// A regular file: what a lock file is.
+        case regularFile
+        /// A directory.
+        case directory
+        /// A symbolic link (never followed).
+        case symbolicLink
+        /// A named pipe (`mkfifo`), never opened: opening one to read waits
+        /// for a writer.
+        case fifo
+        /// A Unix-domain socket.
+        case socket
+        /// A character device.
+        case characterDevice
+        /// A block device.
+        case blockDevice
+        /// A type `lstat` reports that none of the above covers.
+        case other
 
+        /// The type in words, e.g. `"FIFO"`. Never blocks.
         public var description: String {
             switch self {
             case .regularFile: "regular file"
