@@ -258,32 +258,42 @@ struct ConditionLockMisuseTests {
         anyCondition.unlock()
     }
 
-    /// Threads hammering `lock()`/`unlock()` while another calls `tryLock()`:
-    /// every try returns, some succeed, and exclusion holds.
+    /// Threads hammering `lock()`/`unlock()` (with a pause outside the lock,
+    /// so that it is free now and then; a saturated `ConditionLock` passes
+    /// straight from holder to waiter and is never free) while another calls
+    /// `tryLock()` until they are done: every try returns, some succeed, and
+    /// exclusion holds.
     @Test func tryLockSucceedsWhileOthersHammer() {
         let lock = ConditionLock(condition: 0)
         let value = DataQueue()
         let flags = Flags()
         let hammerers = 8
+        let rounds = 2_000
         runThreads(hammerers + 1) { index in
             if index == hammerers {
                 var successes = 0
-                for _ in 0..<100_000 where lock.tryLock() {
-                    value.items.append(-1)
-                    successes += 1
-                    lock.unlock()
-                    if successes == 100 { break }
+                var tries = 0
+                while flags.get(1) < hammerers || successes == 0 {
+                    tries += 1
+                    if lock.tryLock() {
+                        value.items.append(-1)
+                        successes += 1
+                        lock.unlock()
+                    }
+                    if tries % 64 == 0 { usleep(10) }
                 }
                 flags.set(0, successes)
             } else {
-                for i in 0..<20_000 {
+                for i in 0..<rounds {
                     lock.lock()
                     value.items.append(i)
                     lock.unlock()
+                    usleep(20)
                 }
+                AtomicMemory.add(1, to: flags.words + 1, ordering: .barrier)
             }
         }
-        #expect(flags.get(0) > 0, "tryLock never found the lock free")
-        #expect(value.items.count == hammerers * 20_000 + flags.get(0))
+        #expect(flags.get(0) > 0)
+        #expect(value.items.count == hammerers * rounds + flags.get(0))
     }
 }
