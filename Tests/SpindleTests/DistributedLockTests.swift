@@ -243,6 +243,35 @@ struct DistributedLockTests {
         }
     }
 
+    /// A record written by an older version (`locked=` as a `Double`) still
+    /// reads, as a wall-clock instant.
+    @Test func aRecordWithADoubleLockDateStillReads() throws {
+        try withTemporaryDirectory { (dir: String) throws in
+            let path = "\(dir)/l"
+            let fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0o644)
+            #expect(fd >= 0)
+            let text = "host=elsewhere\npid=1\nstart=5\nlocked=1700000000.123\ntoken=9\n"
+            _ = text.withCString { write(fd, $0, strlen($0)) }
+            close(fd)
+            let lock = DistributedLock(path: path)
+            let owner = try #require(lock.owner)
+            #expect(owner.host == "elsewhere" && owner.pid == 1 && owner.processStart == 5)
+            #expect(owner.lockedAt == WallClock.Instant(secondsSinceEpoch: 1_700_000_000, nanoseconds: 123_000_000))
+            #expect(lock.isHeldByDeadProcess == nil, "another host")
+            try lock.breakLock()
+        }
+    }
+
+    @Test func lockBeforeOnAnObjectThatHoldsTheLockStops() async {
+        let r = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+            let lock = DistributedLock(path: "/tmp/spindle-self-wait-\(getpid()).lock")
+            guard (try? lock.tryLock()) == true else { exit(0) }
+            _ = try? lock.lock(timeout: .seconds(1))
+        }
+        let stderr = String(decoding: r?.standardErrorContent ?? [], as: UTF8.self)
+        #expect(stderr.contains("DistributedLock.lock(before:): this object already holds"))
+    }
+
     /// A holder killed with SIGKILL leaves the lock held; the record shows it
     /// dead; breakLock frees it.
     @Test func killedHolderLeavesTheLockUntilBroken() async throws {
