@@ -327,6 +327,19 @@ struct SynchronizedTests {
         #expect(finished, "synchronized on another object waited for the holder of `held`")
     }
 
+    /// Eight threads over 512 shared objects: entries are found, waited
+    /// for, rebound and added concurrently, and each object still excludes.
+    @Test func manySharedObjectsEachExcludeWhileEntriesAreRebound() {
+        let objects = (0..<512).map { _ in Guarded() }
+        runThreads(8) { index in
+            for i in 0..<20_000 {
+                let object = objects[(i &* 7 &+ index &* 131) % 512]
+                synchronized(object) { object.value += 1 }
+            }
+        }
+        #expect(objects.reduce(0) { $0 + $1.value } == 8 * 20_000)
+    }
+
     /// Nested blocks on pairs of objects, in opposite orders on different
     /// threads (each pair used by one thread only, so there is no lock-order
     /// inversion of the test's own): no deadlock, and exclusion holds while
