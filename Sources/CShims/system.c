@@ -13,7 +13,12 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
@@ -53,38 +58,29 @@ int cshims_affinity_set(int32_t tid, const uint64_t *words, size_t nwords) {
     return 0;
 }
 
-// The online CPU count for cshims_leave_current_cpu. sysconf reads it from a
-// sysfs file (microseconds), too slow for every call: it is cached, and read
-// again when a mask disagrees with it, at most once a second, so that after a
-// CPU is plugged in or out threads move again within a second.
-static int cshims_online_for_leave(int mask_count) {
-    static int cached;
-    static long refreshed_at; // CLOCK_MONOTONIC_COARSE seconds, + 1 (0: never)
-    int online = __atomic_load_n(&cached, __ATOMIC_RELAXED);
-    if (online == mask_count && online != 0) return online;
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &now);
-    long stamp = (long)now.tv_sec + 1;
-    long last = __atomic_load_n(&refreshed_at, __ATOMIC_RELAXED);
-    if (online != 0 && stamp - last < 1) return online;
-    __atomic_store_n(&refreshed_at, stamp, __ATOMIC_RELAXED);
-    online = cshims_cpu_count_online();
-    __atomic_store_n(&cached, online, __ATOMIC_RELAXED);
-    return online;
-}
-
-int cshims_leave_current_cpu(void) {
-    cpu_set_t mask;
-    if (sched_getaffinity(0, sizeof mask, &mask) != 0) return -errno;
-    int online = cshims_online_for_leave(CPU_COUNT(&mask));
-    if (online < 2 || CPU_COUNT(&mask) != online) return 0;
-    int cpu = sched_getcpu();
-    if (cpu < 0 || cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &mask)) return 0;
-    cpu_set_t others = mask;
-    CPU_CLR(cpu, &others);
-    if (sched_setaffinity(0, sizeof others, &others) != 0) return -errno;
-    if (sched_setaffinity(0, sizeof mask, &mask) != 0) return -errno;
-    return 1;
+int cshims_trap_scheduling_calls(void) {
+#if defined(__x86_64__)
+    const uint32_t arch = AUDIT_ARCH_X86_64;
+#elif defined(__aarch64__)
+    const uint32_t arch = AUDIT_ARCH_AARCH64;
+#else
+    return -EINVAL;
+#endif
+    struct sock_filter program[] = {
+        // Another architecture's calling convention: let it through.
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, arch, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_sched_yield, 2, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_sched_setaffinity, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRAP),
+    };
+    struct sock_fprog prog = {(unsigned short)(sizeof program / sizeof program[0]), program};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return -errno;
+    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0, 0) != 0) return -errno;
+    return 0;
 }
 
 // --- NUMA --------------------------------------------------------------------

@@ -229,4 +229,71 @@ struct ConditionLockMisuseTests {
         let stderr = String(decoding: r?.standardErrorContent ?? [], as: UTF8.self)
         #expect(stderr.contains("ConditionLock.unlock(withCondition:): the lock is not locked"))
     }
+
+    /// `tryLock` of a free lock succeeds even while another thread holds the
+    /// internal guard (it used to wait for the guard, a fair mutex, for
+    /// milliseconds). Bounded so that a regression fails instead of hanging.
+    @Test func tryLockOfAFreeLockDoesNotWaitForTheGuard() {
+        let anyCondition = ConditionLock(condition: 3)
+        let thisCondition = ConditionLock(condition: 3)
+        anyCondition.lockGuardForTesting()
+        thisCondition.lockGuardForTesting()
+        let results = Flags()
+        let done = Latch()
+        let join = startThread {
+            results.set(0, anyCondition.tryLock() ? 1 : 2)
+            results.set(1, thisCondition.tryLock(whenCondition: 3) ? 1 : 2)
+            done.countDown()
+        }
+        let finished = done.wait(seconds: 10)
+        anyCondition.unlockGuardForTesting()
+        thisCondition.unlockGuardForTesting()
+        join()
+        #expect(finished, "tryLock waited for the guard")
+        #expect(results.get(0) == 1)
+        #expect(results.get(1) == 1)
+        anyCondition.unlock()
+        thisCondition.unlock()
+        #expect(anyCondition.tryLock())
+        anyCondition.unlock()
+    }
+
+    /// Threads hammering `lock()`/`unlock()` (with a pause outside the lock,
+    /// so that it is free now and then; a saturated `ConditionLock` passes
+    /// straight from holder to waiter and is never free) while another calls
+    /// `tryLock()` until they are done: every try returns, some succeed, and
+    /// exclusion holds.
+    @Test func tryLockSucceedsWhileOthersHammer() {
+        let lock = ConditionLock(condition: 0)
+        let value = DataQueue()
+        let flags = Flags()
+        let hammerers = 8
+        let rounds = 2_000
+        runThreads(hammerers + 1) { index in
+            if index == hammerers {
+                var successes = 0
+                var tries = 0
+                while flags.get(1) < hammerers || successes == 0 {
+                    tries += 1
+                    if lock.tryLock() {
+                        value.items.append(-1)
+                        successes += 1
+                        lock.unlock()
+                    }
+                    if tries % 64 == 0 { usleep(10) }
+                }
+                flags.set(0, successes)
+            } else {
+                for i in 0..<rounds {
+                    lock.lock()
+                    value.items.append(i)
+                    lock.unlock()
+                    usleep(20)
+                }
+                AtomicMemory.add(1, to: flags.words + 1, ordering: .barrier)
+            }
+        }
+        #expect(flags.get(0) > 0)
+        #expect(value.items.count == hammerers * rounds + flags.get(0))
+    }
 }

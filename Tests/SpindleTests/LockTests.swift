@@ -1,3 +1,4 @@
+import CShims
 import Spindle
 import Testing
 import TestSupport
@@ -295,5 +296,210 @@ struct SynchronizedTests {
         join()
         #expect(synchronizedStripes >= 64)
     }
+
+    /// With 256 shared stripes, `synchronized` on one object blocked threads
+    /// on every object that hashed to its stripe. Each object has its own
+    /// lock now: while one thread holds `held`, another enters and leaves
+    /// `synchronized` on 2,000 other objects (some of which shared its stripe
+    /// before). Bounded, so that a regression fails instead of hanging.
+    @Test func differentObjectsNeverBlockEachOther() {
+        let held = Token()
+        let others = Unchecked((0..<2_000).map { _ in Token() })
+        let inside = Latch()
+        let release = Latch()
+        let done = Latch()
+        let box = Unchecked(held)
+        let holder = startThread {
+            synchronized(box.value) {
+                inside.countDown()
+                _ = release.wait()
+            }
+        }
+        _ = inside.wait()
+        let visitor = startThread {
+            for object in others.value { synchronized(object) {} }
+            done.countDown()
+        }
+        let finished = done.wait(seconds: 10)
+        release.countDown()
+        holder()
+        visitor()
+        #expect(finished, "synchronized on another object waited for the holder of `held`")
+    }
+
+    /// Eight threads over 512 shared objects: entries are found, waited
+    /// for, rebound and added concurrently, and each object still excludes.
+    @Test func manySharedObjectsEachExcludeWhileEntriesAreRebound() {
+        let objects = (0..<512).map { _ in Guarded() }
+        runThreads(8) { index in
+            for i in 0..<20_000 {
+                let object = objects[(i &* 7 &+ index &* 131) % 512]
+                synchronized(object) { object.value += 1 }
+            }
+        }
+        #expect(objects.reduce(0) { $0 + $1.value } == 8 * 20_000)
+    }
+
+    /// Nested blocks on pairs of objects, in opposite orders on different
+    /// threads (each pair used by one thread only, so there is no lock-order
+    /// inversion of the test's own): no deadlock, and exclusion holds while
+    /// entries are taken and reused.
+    @Test func nestedBlocksOnDistinctObjectsAndEntriesAreReused() {
+        let pairs = Unchecked((0..<64).map { _ in (Token(), Token()) })
+        let value = Guarded()
+        runThreads(4) { index in
+            for round in 0..<2_000 {
+                let (a, b) = pairs.value[(round * 4 + index) % 64]
+                let (first, second): (Token, Token) = index % 2 == 0 ? (a, b) : (b, a)
+                synchronized(first) { synchronized(second) { synchronized(value) { value.value += 1 } } }
+            }
+        }
+        #expect(value.value == 8_000)
+    }
 }
 
+
+@Suite("Locks and deadlines already past")
+struct PastDeadlineTests {
+    /// Held by another thread, so that a recursive lock does not simply recurse.
+    private func whileHeldElsewhere(_ lock: any Locking, _ body: () -> Void) {
+        let held = Latch()
+        let release = Latch()
+        let join = startThread {
+            lock.lock()
+            held.countDown()
+            _ = release.wait()
+            lock.unlock()
+        }
+        _ = held.wait()
+        body()
+        release.countDown()
+        join()
+    }
+
+    /// A past deadline on a held lock is exactly `tryLock`: the word stays
+    /// "held, nobody waiting", so the holder's unlock makes no system call.
+    @Test(arguments: AnyTestLock.allCases)
+    func pastDeadlineOnAHeldLockLeavesTheWordAsTryLockDoes(kind: AnyTestLock) {
+        let lock = kind.make()
+        func word() -> UInt32 {
+            switch lock {
+            case let l as Lock: l.wordValue
+            case let l as RecursiveLock: l.wordValue
+            case let l as SpinLock: l.wordValue
+            case let l as ReadWriteLock: l.wordValue
+            default: 0
+            }
+        }
+        whileHeldElsewhere(lock) {
+            let heldWord = word()
+            #expect(!lock.tryLock())
+            #expect(word() == heldWord)
+            #expect(!lock.lock(timeout: .zero))
+            #expect(word() == heldWord)
+            #expect(!lock.lock(before: MonotonicClock.now))
+            #expect(word() == heldWord)
+            #expect(!lock.lock(before: MonotonicClock.Instant(nanoseconds: 0)))
+            #expect(word() == heldWord)
+        }
+        #expect(word() == 0)
+    }
+
+    @Test func pastDeadlineOnAFreeLockTakesIt() {
+        for lock in AnyTestLock.allCases.map({ $0.make() }) {
+            #expect(lock.lock(timeout: .zero))
+            lock.unlock()
+            #expect(lock.lock(before: MonotonicClock.Instant(nanoseconds: 0)))
+            lock.unlock()
+        }
+    }
+}
+
+@Suite("SpinLock")
+struct SpinLockTests {
+    /// A waiter ends its bounded spin asleep on the lock word (state 2), and
+    /// the holder's unlock wakes it: no yielding, no polling naps.
+    @Test func waiterSleepsOnTheWordUntilUnlock() {
+        let lock = SpinLock()
+        let value = Guarded()
+        lock.lock()
+        let join = startThread {
+            lock.lock()
+            value.value += 1
+            lock.unlock()
+        }
+        let giveUpAt = MonotonicClock.now.advanced(by: .seconds(10))
+        while lock.wordValue != 2 && MonotonicClock.now < giveUpAt { usleep(1_000) }
+        #expect(lock.wordValue == 2, "the waiter marked the word and sleeps on it")
+        lock.unlock()
+        join()
+        #expect(lock.withLock { value.value } == 1)
+        #expect(lock.wordValue == 0)
+    }
+
+    @Test func timedWaiterGivesUpAndLeavesTheLockUsable() {
+        let lock = SpinLock()
+        lock.lock()
+        let join = startThread {
+            #expect(!lock.lock(timeout: .milliseconds(5)))
+        }
+        join()
+        lock.unlock()
+        #expect(lock.wordValue == 0)
+        #expect(lock.tryLock())
+        lock.unlock()
+    }
+}
+
+/// Whether a thread may install a seccomp filter here (probed on a thread of
+/// its own, which the filter dies with).
+let seccompTrapsAvailable: Bool = {
+    nonisolated(unsafe) var rc: Int32 = 0
+    let join = startThread { rc = cshims_trap_scheduling_calls() }
+    join()
+    return rc == 0
+}()
+
+@Suite("Locks leave the caller's scheduling alone")
+struct LockSchedulingTests {
+    /// Sixteen threads on every lock kind, each thread under a seccomp filter
+    /// that turns `sched_yield` and `sched_setaffinity` into SIGSYS: the
+    /// child process survives only if no lock path makes either call.
+    @Test(.enabled(if: seccompTrapsAvailable, "seccomp filters are not available here"))
+    func contendedLocksNeverYieldOrSetAffinity() async {
+        let result = await #expect(processExitsWith: .success, observing: [\.standardErrorContent]) {
+            let lock = Lock()
+            let recursive = RecursiveLock()
+            let spin = SpinLock()
+            let readWrite = ReadWriteLock()
+            let conditionLock = ConditionLock(condition: 0)
+            let condition = Condition()
+            // One counter per lock: threads move from one lock to the next at
+            // their own pace.
+            let counts = (0..<5).map { _ in Guarded() }
+            let turns = Guarded()
+            let threads = 16
+            runThreads(threads) { index in
+                precondition(cshims_trap_scheduling_calls() == 0, "seccomp filter refused")
+                for _ in 0..<20_000 { lock.withLock { counts[0].value += 1 } }
+                for _ in 0..<5_000 { spin.withLock { counts[1].value += 1 } }
+                for _ in 0..<5_000 { recursive.withLock { recursive.withLock { counts[2].value += 1 } } }
+                for _ in 0..<5_000 { readWrite.withLock { counts[3].value += 1 } }
+                for _ in 0..<2_000 { conditionLock.withLock { counts[4].value += 1 } }
+                // Threads take turns in index order through one condition.
+                for round in 0..<50 {
+                    condition.lock()
+                    while turns.value != round * threads + index { condition.wait() }
+                    turns.value += 1
+                    condition.broadcast()
+                    condition.unlock()
+                }
+            }
+            let expected = [20_000, 5_000, 5_000, 5_000, 2_000].map { $0 * threads }
+            precondition(counts.map(\.value) == expected, "lost updates: \(counts.map(\.value))")
+        }
+        if case .exitCode(0)? = result?.exitStatus {} else {
+            Issue.record("child's stderr: \(String(decoding: result?.standardErrorContent ?? [], as: UTF8.self))")
+        }
+    }
+}

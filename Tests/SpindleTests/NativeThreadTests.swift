@@ -224,6 +224,21 @@ struct NativeThreadTests {
         #expect(try tooLong.join() == .nameTooLong(bytes: 40, limit: 15))
     }
 
+    /// `name` right after `start()` used to read the process's name in 299 of
+    /// 300 starts: the thread had not run yet to name itself.
+    @Test func nameIsTheCreationNameFromTheMomentStartReturns() throws {
+        for round in 0..<100 {
+            let release = Latch()
+            let thread = SpawnedThread(NativeThread.Attributes(name: "named-\(round % 10)")) {
+                _ = release.wait()
+            }
+            try thread.start()
+            #expect(thread.name == "named-\(round % 10)")
+            release.countDown()
+            try thread.join()
+        }
+    }
+
     // MARK: Attributes
 
     @Test func badStackSizesThrowSpecificErrors() {
@@ -233,6 +248,33 @@ struct NativeThreadTests {
         let notAPageMultiple = Topology.minimumStackSize + 1
         #expect(throws: NativeThreadError.stackSizeNotPageMultiple(requested: notAPageMultiple, pageSize: Topology.pageSize)) {
             _ = try NativeThread.start(NativeThread.Attributes(stackSize: notAPageMultiple)) {}
+        }
+    }
+
+    /// Stacks of 16 and 20 KiB passed validation and then crashed with
+    /// SIGSEGV in Spindle's own exit path; now they are refused, and a stack
+    /// of exactly the minimum runs a body that allocates, locks and leaves
+    /// thread-local values for the exit duties. In a child process, so that
+    /// it is the process's first thread to exit (the deepest exit path).
+    @Test func aStackOfExactlyTheMinimumRunsAllocatesLocksAndExits() async {
+        for small in [16 << 10, 20 << 10] where small < Topology.minimumStackSize {
+            #expect(throws: NativeThreadError.stackSizeTooSmall(requested: small, minimum: Topology.minimumStackSize)) {
+                _ = try NativeThread.start(NativeThread.Attributes(stackSize: small)) {}
+            }
+        }
+        await #expect(processExitsWith: .success) {
+            let local = ThreadLocal<[Int]>()
+            let lock = Lock()
+            let attributes = NativeThread.Attributes(name: "minimum", stackSize: Topology.minimumStackSize)
+            let thread = try! NativeThread.start(attributes) { () -> Int in
+                var array = [Int](repeating: 1, count: 1_000)
+                lock.withLock { array[3] = 7 }
+                local.value = array
+                NativeThread.current.threadDictionary["key"] = "value"
+                return array.reduce(0, +)
+            }
+            guard (try? thread.join()) == 1_006 else { exit(1) }
+            exit(0)
         }
     }
 

@@ -155,4 +155,23 @@ struct SemaphoreMisuseTests {
         let stderr = String(decoding: r?.standardErrorContent ?? [], as: UTF8.self)
         #expect(stderr.contains("Semaphore(value:): `value` is -1; a semaphore starts with zero or more resources"))
     }
+
+    /// A signal at `Int.max` used to wrap the count to `Int.min` and report a
+    /// woken waiter; it stops with a message instead.
+    @Test func signalBeyondIntMaxStopsWithAMessage() async {
+        let r = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+            let semaphore = Semaphore(value: Int.max)
+            _ = semaphore.signal()
+        }
+        let stderr = String(decoding: r?.standardErrorContent ?? [], as: UTF8.self)
+        #expect(stderr.contains("Semaphore.signal(): the count overflowed"))
+    }
+
+    @Test func signalBelowIntMaxStillCounts() {
+        let semaphore = Semaphore(value: Int.max - 1)
+        #expect(!semaphore.signal())
+        #expect(semaphore.value == Int.max)
+        #expect(semaphore.tryWait())
+        #expect(semaphore.value == Int.max - 1)
+    }
 }

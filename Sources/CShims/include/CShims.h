@@ -8,5 +8,6 @@
 #include "cshims_system.h"
 #include "cshims_uring.h"
 #include "cshims_event.h"
+#include "cshims_file.h"
 
 #endif // CSHIMS_H

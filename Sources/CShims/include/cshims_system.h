@@ -41,17 +41,13 @@ int cshims_current_cpu(void);
 int cshims_affinity_get(int32_t tid, uint64_t *words, size_t nwords);
 int cshims_affinity_set(int32_t tid, const uint64_t *words, size_t nwords);
 
-// Moves the calling thread to another CPU of its affinity mask: narrows the
-// mask to leave out the CPU it runs on (the kernel migrates it at once), then
-// restores the mask. Only for a thread whose mask holds every online CPU (one
-// nobody pinned); any other is left alone, as is a machine with one CPU or
-// more than CPU_SETSIZE. Returns 1 if the thread moved, 0 if it was left
-// alone, -errno if a call failed (if the restoring call failed, the mask
-// still leaves out that CPU). A sched_setaffinity(2) on this thread by
-// another thread between the two calls is undone by the second. The online
-// count is cached and read again at most once a second when a mask
-// disagrees with it, so after CPU hot-plug threads may stay put for a second.
-int cshims_leave_current_cpu(void);
+// For tests: makes sched_yield(2) and sched_setaffinity(2) raise SIGSYS in
+// the calling thread and in the threads it creates afterwards (a seccomp
+// filter with SECCOMP_RET_TRAP; PR_SET_NO_NEW_PRIVS is set first). Other
+// threads are not affected. Irreversible for the thread: use it only in a
+// child process. prctl(2) PR_SET_SECCOMP. Returns 0 or -errno (EINVAL when
+// the kernel lacks seccomp filters).
+int cshims_trap_scheduling_calls(void);
 
 // libnuma. cshims_numa_available() is 1 when the kernel reports NUMA support
 // (numa_available(3) >= 0), else 0; every other numa call below then answers

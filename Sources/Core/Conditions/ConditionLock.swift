@@ -20,8 +20,12 @@
 ///   and only as long as spinning has been paying off on this lock
 ///   (`AdaptiveSpin`), so a hand-off to a thread that is about to sleep costs
 ///   no system call.
-/// - The lock's state is kept under a small internal futex lock, held only
-///   for a few instructions (never while anyone sleeps).
+/// - The lock's waiters and hand-offs are kept under a small internal guard,
+///   a plain barging futex mutex (no fairness policy) held only for a few
+///   instructions and never while anyone sleeps. Taking a free lock
+///   (`tryLock`, and the first attempt of every lock call) is one
+///   compare-and-swap on the lock's own word and does not touch the guard,
+///   so `tryLock` never waits for another thread.
 /// - Deadlines are on `MonotonicClock`; `.distantFuture` waits forever and a
 ///   deadline already past makes the call a `tryLock`.
 ///
@@ -42,15 +46,17 @@ public struct ConditionLock: Locking, @unchecked Sendable {
 
     /// Owns the words, from a cache-line aligned base:
     ///
-    ///      0  UInt32   the guard's queue word
-    ///      4  UInt32   the guard's tenant word
-    ///      8  UInt32   the guard's lock word (a `FutexMutex`)
-    ///     12  UInt32   1 while some thread holds the condition lock (guarded)
+    ///      0  UInt32   unused
+    ///      4  UInt32   unused
+    ///      8  UInt32   the guard's word (a `PlainFutexMutex`)
+    ///     12  UInt32   1 while some thread holds the condition lock (atomic;
+    ///                  set from 0 with a compare-and-swap, with or without
+    ///                  the guard; cleared or handed off only under it)
     ///     16  Int      the condition (written under the guard, read anywhere)
     ///     24  pointer  the first waiter (guarded)
     ///     32  pointer  the last waiter (guarded)
     ///     40  UInt32   the waiters' spin limit (`AdaptiveSpin`)
-    ///     44  UInt32   the guard's heir word
+    ///     44  UInt32   unused
     @usableFromInline
     final class Storage {
         @usableFromInline let base: UnsafeMutableRawPointer
@@ -70,12 +76,8 @@ public struct ConditionLock: Locking, @unchecked Sendable {
     }
 
     @inlinable
-    var guardLock: FutexMutex {
-        FutexMutex(
-            word: (storage.base + 8).assumingMemoryBound(to: UInt32.self),
-            heirWord: (storage.base + 44).assumingMemoryBound(to: UInt32.self),
-            queueWord: storage.base.assumingMemoryBound(to: UInt32.self),
-            tenantWord: (storage.base + 4).assumingMemoryBound(to: UInt32.self))
+    var guardLock: PlainFutexMutex {
+        PlainFutexMutex(word: (storage.base + 8).assumingMemoryBound(to: UInt32.self))
     }
 
     @inlinable
@@ -102,6 +104,14 @@ public struct ConditionLock: Locking, @unchecked Sendable {
     /// other memory.
     public var condition: Int { AtomicMemory.load(from: conditionWord, ordering: .relaxed) }
 
+    /// For tests: takes the internal guard, as an unlock or a waiter does for
+    /// a few instructions, and keeps it until `unlockGuardForTesting()`.
+    /// Blocks while another thread holds the guard.
+    package func lockGuardForTesting() { guardLock.lock() }
+
+    /// For tests: releases the guard taken by `lockGuardForTesting()`.
+    package func unlockGuardForTesting() { guardLock.unlock() }
+
     // MARK: Locking, whatever the condition
 
     /// Acquires the lock whatever its condition, sleeping while another
@@ -111,9 +121,9 @@ public struct ConditionLock: Locking, @unchecked Sendable {
         _ = acquire(anyCondition: true, wanted: 0, before: .distantFuture)
     }
 
-    /// Acquires the lock whatever its condition if it is free now. Does not
-    /// wait for the lock (only, for a few instructions at most, for the
-    /// internal guard). Acquire ordering on success.
+    /// Acquires the lock whatever its condition if it is free now. Never
+    /// blocks: one compare-and-swap, without the internal guard. Acquire
+    /// ordering on success.
     @inlinable
     public func tryLock() -> Bool {
         acquire(anyCondition: true, wanted: 0, before: MonotonicClock.Instant(nanoseconds: 0))
@@ -137,7 +147,9 @@ public struct ConditionLock: Locking, @unchecked Sendable {
     }
 
     /// Acquires the lock if it is free and its condition is `condition` now.
-    /// Does not wait for the lock. Acquire ordering on success.
+    /// Never waits for the lock; takes the internal guard (a few
+    /// instructions) only in the rare case that the condition changed while
+    /// it took the lock, to release it again. Acquire ordering on success.
     @inlinable
     public func tryLock(whenCondition condition: Int) -> Bool {
         acquire(anyCondition: false, wanted: condition, before: MonotonicClock.Instant(nanoseconds: 0))
@@ -189,33 +201,58 @@ public struct ConditionLock: Locking, @unchecked Sendable {
     // MARK: Fast paths
 
     /// Takes the lock if it is free and its condition lets the caller in;
-    /// otherwise waits until `deadline`.
+    /// otherwise waits until `deadline` (a deadline already past: returns
+    /// false at once).
     @inlinable
     func acquire(anyCondition: Bool, wanted: Int, before deadline: MonotonicClock.Instant) -> Bool {
+        if takeIfFree(anyCondition: anyCondition, wanted: wanted) { return true }
+        if !deadline.isDistantFuture && MonotonicClock.now >= deadline { return false }
         let guardLock = self.guardLock
-        // The guard's acquire and release order the plain fields; the
-        // condition lock's own acquire is the guard's acquire here.
+        // The guard's acquire and release order the plain fields.
         guardLock.lock()
-        if held.pointee == 0
+        if AtomicMemory.load(from: held, ordering: .relaxed) == 0
             && (anyCondition || AtomicMemory.load(from: conditionWord, ordering: .relaxed) == wanted)
+            // Acquiring: pairs with the releasing store in `release`/`handOff`.
+            && AtomicMemory.compareAndSwap(expected: 0, desired: 1, at: held, ordering: .acquiring)
         {
-            held.pointee = 1
             guardLock.unlock()
             return true
         }
         return acquireContended(guardLock, anyCondition: anyCondition, wanted: wanted, before: deadline)
     }
 
+    /// Takes the lock without the guard if it is free and its condition lets
+    /// the caller in. While the lock is free no waiter admits its condition
+    /// (an unlock hands the lock to such a waiter instead of freeing it), so
+    /// taking it here jumps no queue. Never blocks, except that a condition
+    /// changed between the check and the take is released again through the
+    /// guard (a few instructions).
+    @inlinable
+    func takeIfFree(anyCondition: Bool, wanted: Int) -> Bool {
+        guard AtomicMemory.load(from: held, ordering: .relaxed) == 0,
+            anyCondition || AtomicMemory.load(from: conditionWord, ordering: .relaxed) == wanted,
+            // Acquiring: pairs with the releasing store in `release`/`handOff`.
+            AtomicMemory.compareAndSwap(expected: 0, desired: 1, at: held, ordering: .acquiring)
+        else { return false }
+        // The condition only changes while the lock is held: if it still
+        // admits us after the take, it did then.
+        if anyCondition || AtomicMemory.load(from: conditionWord, ordering: .relaxed) == wanted { return true }
+        unlock()
+        return false
+    }
+
     /// Called holding the guard. Releases the lock, or hands it to the first
     /// waiter that the condition now lets in. Releases the guard.
     @inlinable
-    func release(_ guardLock: FutexMutex, caller: StaticString) {
-        if held.pointee == 0 {
+    func release(_ guardLock: PlainFutexMutex, caller: StaticString) {
+        if AtomicMemory.load(from: held, ordering: .relaxed) == 0 {
             guardLock.unlock()
             misuse("ConditionLock.\(caller): the lock is not locked (unbalanced unlock, or unlock before lock)")
         }
         if firstWaiter.pointee == nil {
-            held.pointee = 0
+            // Releasing: pairs with the acquiring compare-and-swap that takes
+            // the lock next (`takeIfFree`, `acquire`).
+            AtomicMemory.store(0, to: held, ordering: .releasing)
             guardLock.unlock()
             return
         }
@@ -274,7 +311,7 @@ extension ConditionLock {
     @usableFromInline
     @inline(never)
     func acquireContended(
-        _ guardLock: FutexMutex, anyCondition: Bool, wanted: Int, before deadline: MonotonicClock.Instant
+        _ guardLock: PlainFutexMutex, anyCondition: Bool, wanted: Int, before deadline: MonotonicClock.Instant
     ) -> Bool {
         if !deadline.isDistantFuture && MonotonicClock.now >= deadline {
             guardLock.unlock()
@@ -292,7 +329,7 @@ extension ConditionLock {
     }
 
     /// Waits, queued as `me`, until a hand-off (true) or the deadline (false).
-    func awaitHandOff(_ me: Waiter, _ guardLock: FutexMutex, until deadline: MonotonicClock.Instant) -> Bool {
+    func awaitHandOff(_ me: Waiter, _ guardLock: PlainFutexMutex, until deadline: MonotonicClock.Instant) -> Bool {
         // Acquiring loads: pair with the releasing exchange in `handOff`,
         // which publishes the previous holder's critical section.
         let granted = { AtomicMemory.load(from: me.state, ordering: .acquiring) == Waiter.granted }
@@ -322,14 +359,16 @@ extension ConditionLock {
     /// first waiter the condition admits, or releases it. Releases the guard.
     @usableFromInline
     @inline(never)
-    func handOff(_ guardLock: FutexMutex) {
+    func handOff(_ guardLock: PlainFutexMutex) {
         let condition = AtomicMemory.load(from: conditionWord, ordering: .relaxed)
         var candidate = firstWaiter.pointee
         while let node = candidate, !Waiter(base: node).admits(condition) {
             candidate = Waiter(base: node).next
         }
         guard let node = candidate else {
-            held.pointee = 0
+            // Releasing: pairs with the acquiring compare-and-swap that takes
+            // the lock next.
+            AtomicMemory.store(0, to: held, ordering: .releasing)
             guardLock.unlock()
             return
         }

@@ -40,7 +40,8 @@
 ///
 /// Misuse: creating a semaphore with a negative value stops the process with
 /// a message. Signalling more often than waiting simply raises the count (as
-/// `DispatchSemaphore` does, minus its deallocation check).
+/// `DispatchSemaphore` does, minus its deallocation check), up to `Int.max`;
+/// a `signal()` beyond that stops the process with a message.
 public struct Semaphore: @unchecked Sendable {
     // @unchecked: the storage is only touched through atomics and the kernel.
 
@@ -193,19 +194,27 @@ public struct Semaphore: @unchecked Sendable {
     /// Returns a resource. If threads are waiting, hands one of them a
     /// wake-up and returns true; otherwise returns false. Never blocks; one
     /// atomic add, plus a system call only when a waiter is asleep. Release
-    /// ordering.
+    /// ordering. Stops the process with a message if the count is `Int.max`
+    /// (it would overflow).
     @inlinable
     @discardableResult
     public func signal() -> Bool {
         // Releasing: pairs with the acquiring decrement in `wait`.
-        if AtomicMemory.increment(count, ordering: .releasing) > 0 { return false }
-        signalWaiting()
+        let newCount = AtomicMemory.increment(count, ordering: .releasing)
+        if newCount > 0 { return false }
+        signalWaiting(newCount: newCount)
         return true
     }
 
+    /// The count `signal()` left is not positive: a waiter is counted, or the
+    /// count wrapped from `Int.max` (never reached by waiters, who can only
+    /// take it down to minus their number).
     @usableFromInline
     @inline(never)
-    func signalWaiting() {
+    func signalWaiting(newCount: Int) {
+        if newCount == Int.min {
+            misuse("Semaphore.signal(): the count overflowed (it was Int.max); more signals than any program can wait for")
+        }
         AtomicMemory.increment(tokens, ordering: .sequentiallyConsistent)
         if AtomicMemory.load(from: sleepers, ordering: .sequentiallyConsistent) != 0 {
             Futex(tokens).wake(1)

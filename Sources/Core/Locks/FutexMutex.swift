@@ -78,11 +78,11 @@ import Glibc
 /// So the queue is served in order: the thread that just lost its turn,
 /// still running, cannot jump ahead of the sleepers.
 ///
-/// An heir that shares a CPU with the running tenant may not get it back in
-/// time: the kernel may leave a woken thread queued behind a running one for
-/// a whole tick (4 ms, forty turns) while another CPU idles. So an heir that
-/// finds the tenant not running while it runs itself (`lockWordMoves`)
-/// moves to another CPU before it sleeps (`leaveTenantsCPU`).
+/// No part of this changes the caller's scheduling: no thread is moved
+/// between CPUs and none yields; a thread that waits spins a bounded time,
+/// then sleeps on a futex. Where the scheduler queues a woken heir behind
+/// the running tenant on one CPU, that turn lasts longer (up to a tick);
+/// fairness then depends on the scheduler, as it does for every lock.
 ///
 /// The tenant word holds a tag of the tenant's `pthread_self()`, or 0. It
 /// only steers policy: if two threads' tags collided, both would behave as
@@ -117,8 +117,8 @@ struct FutexMutex {
     /// How long the heir waits before it takes the lock (outright, or from the
     /// holder's next unlock), and so how long a tenant keeps a saturated lock.
     /// With N threads queued for a saturated lock, each gets it for one
-    /// interval in N. A turn costs the new tenant a futex wake and a yield
-    /// (a few µs, 2–4% of the interval); shorter intervals spread the shares
+    /// interval in N. A turn costs the new tenant a futex wake (a few µs,
+    /// 2–4% of the interval); shorter intervals spread the shares
     /// more evenly over short windows (measured: 100 µs is even over 40 ms at
     /// 16 threads where 300 µs is not) but cost more.
     static let fairnessInterval: Duration = .microseconds(100)
@@ -230,6 +230,9 @@ extension FutexMutex {
     @usableFromInline
     @inline(never)
     func lockContended(deadline: MonotonicClock.Instant, hasSlept alreadySlept: Bool = false) -> Bool {
+        // A deadline already past: exactly `tryLock`, with no spin and no
+        // `parked` bit (which would cost the holder's unlock a system call).
+        if !alreadySlept && !deadline.isDistantFuture && MonotonicClock.now >= deadline { return tryLock() }
         let futex = Futex(word)
         let me = Self.currentThreadTag
         var spins = 0
@@ -498,7 +501,6 @@ extension FutexMutex {
         let elapsed = min(sinceTurn, interval)
         let turn = now.advanced(by: Self.fairnessInterval).advanced(by: .microseconds(-elapsed))
         let wakeAt = turn < deadline ? turn : deadline
-        if tenured && !lockWordMoves() { leaveTenantsCPU() }
         while MonotonicClock.now < wakeAt {
             // The sequence first, then the word: an unlock writes them in the
             // other order (releasing the sequence).
@@ -569,63 +571,6 @@ extension FutexMutex {
         }
         endTurn(me: me, saturated: saturated)
         return true
-    }
-
-    /// After waking the next member to be the heir, the new tenant waits a
-    /// little for it to take the heir's place, then yields if it has not.
-    /// The member best runs on the other core, which the old tenant is about
-    /// to leave idle: there its turn's timer later fires on an idle core.
-    /// But the scheduler often queues it on this core, behind this thread,
-    /// and may leave it there for a whole tick (4 ms), stretching this turn
-    /// forty-fold; yielding lets it run at once, here. Measured at 16 threads
-    /// on 2 cores: waiting up to 20 µs first raised the median fairness of
-    /// 40 ms windows from ~0.8 to ~0.87 and the worst from ~0.2 to ~0.4, for
-    /// about 5% of throughput.
-    @usableFromInline
-    func awaitNextHeir() {
-        let until = MonotonicClock.now.advanced(by: Self.heirArrivalWait)
-        repeat {
-            if AtomicMemory.load(from: queueWord, ordering: .relaxed) & Self.heirPresent != 0 { return }
-            for _ in 0..<16 { spinLoopHint() }
-        } while MonotonicClock.now < until
-        sched_yield()
-    }
-
-    /// How long `awaitNextHeir` waits before yielding.
-    @usableFromInline static var heirArrivalWait: Duration { .microseconds(20) }
-
-    /// Whether the lock word changes within `saturationSamples` loads about
-    /// 100 ns apart (~3 µs): whether whoever uses the lock is running. An
-    /// heir that sees a tenant's word frozen while it runs itself most likely
-    /// shares the tenant's CPU (or the tenant was preempted).
-    @usableFromInline
-    func lockWordMoves() -> Bool {
-        let first = AtomicMemory.load(from: word, ordering: .relaxed)
-        for _ in 0..<Self.saturationSamples {
-            for _ in 0..<4 { spinLoopHint() }
-            if AtomicMemory.load(from: word, ordering: .relaxed) != first { return true }
-        }
-        return false
-    }
-
-    /// Moves the heir off the tenant's CPU before it sleeps until its turn, so
-    /// that its timer fires on a CPU where it can run. An heir that sleeps on
-    /// the tenant's CPU is woken there. Measured at 16 threads on 2 CPUs:
-    /// about half the heirs slept there, and 1 in 60 of those then waited
-    /// 2–6 ms behind the tenant while the other CPU idled. In one run out of
-    /// three, that left a 40 ms window with one thread at 2–4 times the
-    /// others' share. Heirs that moved never waited behind the tenant; a move
-    /// took 14 µs (median; 19 µs at the 90th percentile, the migration
-    /// included).
-    ///
-    /// Only a thread whose affinity mask holds every online CPU moves (see
-    /// `cshims_leave_current_cpu`): a pinned thread stays where its owner put
-    /// it. The thread's mask is narrowed until the migration is done; a
-    /// `sched_setaffinity` on this thread by another thread meanwhile is
-    /// undone. A failure leaves the thread where it is, which is only slower.
-    @usableFromInline
-    func leaveTenantsCPU() {
-        _ = cshims_leave_current_cpu()
     }
 
     /// Whether the lock is saturated, judged by the heir at its turn from
@@ -708,7 +653,6 @@ extension FutexMutex {
                 Futex(queueWord).wakeAll()
             } else {
                 wakeNextMember()
-                awaitNextHeir()
             }
         }
     }

@@ -27,36 +27,22 @@
 /// - Contended, a thread spins briefly (only while nobody is asleep on the
 ///   lock, so an oversubscribed machine does not burn its cores), then sleeps
 ///   in the kernel (`futex(FUTEX_WAIT_BITSET)`) until an `unlock` wakes it.
-/// - Fair under saturation, fast either way. While the lock is not busy it
-///   goes to whichever thread grabs it first (the fastest policy). A waiter
-///   that loses it to a barging thread becomes the lock's heir: each unlock
-///   wakes it to try again, and at the latest one `fairnessInterval` after the
+/// - Eventually fair, fast either way. While the lock is not busy it goes to
+///   whichever thread grabs it first (the fastest policy). A waiter that
+///   loses it to a barging thread becomes the lock's heir: each unlock wakes
+///   it to try again, and at the latest one `fairnessInterval` after the
 ///   lock's last turn the holder's `unlock` hands the lock to it. If the heir
-///   then finds the lock saturated (held or slept on much of the time, or
-///   taken and released so often that running its threads one at a time costs
-///   little), it becomes the lock's tenant: the other threads that reach the
-///   slow path sleep in a FIFO queue instead of fighting for the lock word,
-///   the tenant runs at the uncontended speed, and every interval the lock
-///   passes to the next thread in the queue. So a saturated lock goes round
-///   its threads in turn, and throughput stays near the uncontended rate. Two
-///   heirs in a row that find the lock mostly free end the tenure (see
-///   `FutexMutex`). Measured over 40 ms windows on 2 cores, least / most
-///   operations of one thread, median (worst) of 8 windows: 0.98 (0.97) at 2
-///   threads, 0.97 (0.61) at 4, 0.94 (0.81) at 8, 0.66–0.88 (0.31–0.85) over
-///   fourteen runs at 16, where a turn now and then lasts a millisecond or
-///   more instead of an interval (the next thread in line does not get the CPU
-///   it was woken on); pthread's adaptive mutex 0.94, 0.78, 0.44, 0.03. Turns
-///   need the next thread in line to get a CPU on time: with CPU-bound work
-///   from other processes on every core, a turn can last a time slice
-///   (3–4 ms), and the shares are about as uneven as the adaptive mutex's
-///   (see the README). A tenant that waits on a `Condition` or
+///   then finds the lock saturated, it becomes the lock's tenant: the other
+///   threads that reach the slow path sleep in a FIFO queue instead of
+///   fighting for the lock word, and every interval the lock passes to the
+///   next thread in the queue (see `FutexMutex`). A turn needs the next
+///   thread in line to get a CPU on time; with more runnable threads than
+///   CPUs the scheduler decides that, and shares can be uneven (the README
+///   has the measurements). A tenant that waits on a `Condition` or
 ///   `ConditionVariable` gives up its tenure first.
-/// - The heir may move itself to another CPU: if it finds the tenant not
-///   running while it runs itself, they most likely share a CPU, where the
-///   heir could wait behind the tenant for a whole scheduler tick. Only a
-///   thread allowed on every online CPU moves, and its affinity mask is
-///   restored at once; a `sched_setaffinity` on that thread by another
-///   thread during the move (~15 µs) is undone.
+/// - Never changes the caller's scheduling: no lock path sets a thread's
+///   affinity or priority or calls `sched_yield`; waiting is a bounded spin,
+///   then a futex sleep.
 /// - Deadlines on the monotonic clock (`lock(before:)`, `lock(timeout:)`).
 ///
 /// `Lock` is a handle: copies share one lock. The lock word lives in a

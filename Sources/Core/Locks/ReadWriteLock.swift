@@ -197,6 +197,9 @@ extension ReadWriteLock {
     @usableFromInline
     @inline(never)
     func readLockContended(deadline: MonotonicClock.Instant) -> Bool {
+        // A deadline already past: the caller's try form has failed; no
+        // spin and no waiting flag (which would cost an unlock a wake call).
+        if !deadline.isDistantFuture && MonotonicClock.now >= deadline { return false }
         let futex = Futex(state)
         var spins = 0
         var s = AtomicMemory.load(from: state, ordering: .relaxed)
@@ -238,6 +241,9 @@ extension ReadWriteLock {
     @usableFromInline
     @inline(never)
     func writeLockContended(deadline: MonotonicClock.Instant) -> Bool {
+        // A deadline already past: the caller's try form has failed; no
+        // spin and no waiting flag (which would cost an unlock a wake call).
+        if !deadline.isDistantFuture && MonotonicClock.now >= deadline { return false }
         var spins = 0
         var registered = false
         var s = AtomicMemory.load(from: state, ordering: .relaxed)

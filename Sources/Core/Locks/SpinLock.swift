@@ -1,24 +1,28 @@
-#if canImport(Glibc)
-import Glibc
-#endif
 
 /// A test-and-test-and-set spin lock, for tiny critical sections only: a few
 /// loads and stores that never block, never allocate and never call out.
 ///
-/// `unlock()` is a single releasing store, cheaper than any futex lock's
-/// read-modify-write, which is the reason to choose this type. The price is
-/// paid under contention: a waiter spins on the word with the CPU's pause
-/// hint and exponential backoff; after `spinLimit` rounds it yields the CPU
-/// (`sched_yield`) between attempts, and after `yieldLimit` yields it sleeps
-/// in 1 ms futex naps, so a waiter never burns a core for long even when the
-/// holder has been descheduled (no busy-wait without a bound). Because unlock
-/// never wakes anyone, a napping waiter notices a free lock up to 1 ms late:
-/// use `Lock` for anything that may be held longer than a few hundred
-/// nanoseconds, or on a machine with more runnable threads than cores.
+/// The lock word's states:
+///
+///     0  free
+///     1  held, no waiter asleep
+///     2  held, and a waiter may be asleep on the word: `unlock` wakes one
+///
+/// Uncontended, `lock()` is one compare-and-swap and `unlock()` one atomic
+/// exchange, both inlined. A waiter spins on the word with the CPU's pause
+/// hint and doubling bursts (`spinLimit` rounds), then sleeps on the word
+/// (`futex(FUTEX_WAIT_BITSET)`) until an `unlock` wakes it or its deadline
+/// passes, so the timed forms return on time and a waiter never burns a
+/// core for long when the holder is descheduled. It never yields the CPU
+/// or changes the caller's scheduling. Prefer `Lock` for anything that may
+/// be held longer than a few hundred nanoseconds: it spins only while
+/// nobody sleeps.
 ///
 /// Memory: acquiring orders like an acquire, `unlock` like a release. Not
-/// fair, not recursive. Misuse: unlocking a lock that is not locked stops the
-/// process with a message. `SpinLock` is a handle: copies share one lock.
+/// fair, not recursive. A deadline already past makes `lock(before:)` a
+/// `tryLock()`. Misuse: unlocking a lock that is not locked stops the
+/// process with a message; locking it again on the thread that holds it
+/// deadlocks. `SpinLock` is a handle: copies share one lock.
 public struct SpinLock: Locking, @unchecked Sendable {
     // @unchecked: the word is only accessed atomically.
 
@@ -28,12 +32,13 @@ public struct SpinLock: Locking, @unchecked Sendable {
     @usableFromInline let storage: Storage
     @usableFromInline let word: UnsafeMutablePointer<UInt32>
 
-    /// Doubling pause bursts before the first yield: 1, 2, … 64 pauses, about
-    /// 1.5 µs in all on x86_64 (a pause is ~40 cycles on recent cores).
+    @usableFromInline static var locked: UInt32 { 1 }
+    @usableFromInline static var contended: UInt32 { 2 }
+
+    /// Doubling pause bursts before sleeping: 1, 2, … 64 pauses, about
+    /// 1.5 µs in all on x86_64 (a pause is ~40 cycles on recent cores): the
+    /// length of a tiny critical section plus a cache-line transfer.
     @usableFromInline static var spinLimit: Int { 7 }
-    /// Yields before napping: each is a system call of ~0.5 µs when nothing
-    /// else wants the CPU, a time slice when something does.
-    @usableFromInline static var yieldLimit: Int { 16 }
 
     /// A new, unlocked spin lock.
     public init() {
@@ -46,62 +51,71 @@ public struct SpinLock: Locking, @unchecked Sendable {
     /// The raw lock word, for tests and diagnostics: 0 when idle.
     package var wordValue: UInt32 { AtomicMemory.load(from: word, ordering: .relaxed) }
 
-    /// Acquires the lock, spinning (then yielding, then napping) while it is
-    /// held. Blocks.
+    /// Acquires the lock, spinning briefly and then sleeping on a futex while
+    /// it is held. Blocks. Acquire ordering.
     @inlinable
     public func lock() {
-        if !AtomicMemory.compareAndSwap(expected: 0, desired: 1, at: word, ordering: .acquiring) {
+        // Pairs with the releasing exchange in `unlock`.
+        if !AtomicMemory.compareAndSwap(expected: 0, desired: Self.locked, at: word, ordering: .acquiring) {
             _ = lockContended(deadline: .distantFuture)
         }
     }
 
-    /// Acquires the lock if it is free now. Never blocks.
+    /// Acquires the lock if it is free now. Never blocks, never spins.
+    /// Acquire ordering on success.
     @inlinable
     public func tryLock() -> Bool {
         AtomicMemory.load(from: word, ordering: .relaxed) == 0
-            && AtomicMemory.compareAndSwap(expected: 0, desired: 1, at: word, ordering: .acquiring)
+            && AtomicMemory.compareAndSwap(expected: 0, desired: Self.locked, at: word, ordering: .acquiring)
     }
 
-    /// Acquires the lock, giving up at `deadline`. Blocks.
+    /// Acquires the lock, spinning briefly and then sleeping at most until
+    /// `deadline`. Returns whether it acquired. Blocks. Acquire ordering on
+    /// success. A deadline already past makes this `tryLock()`.
     @inlinable
     public func lock(before deadline: MonotonicClock.Instant) -> Bool {
-        AtomicMemory.compareAndSwap(expected: 0, desired: 1, at: word, ordering: .acquiring)
+        AtomicMemory.compareAndSwap(expected: 0, desired: Self.locked, at: word, ordering: .acquiring)
             || lockContended(deadline: deadline)
     }
 
-    /// Releases the lock with one releasing store. Never blocks, never wakes
-    /// anyone (waiters poll). Stops the process if the lock is not locked.
+    /// Releases the lock with one releasing exchange, and wakes one sleeping
+    /// waiter if the word says one may sleep (a system call only then).
+    /// Never blocks. Release ordering. Stops the process with a message if
+    /// the lock is not locked.
     @inlinable
     public func unlock() {
-        // The load hits the line this thread just wrote in lock().
-        require(AtomicMemory.load(from: word, ordering: .relaxed) != 0, "SpinLock.unlock(): the lock is not locked")
-        AtomicMemory.store(0, to: word, ordering: .releasing)
+        // Pairs with the acquiring compare-and-swap or exchange of the next holder.
+        let previous = AtomicMemory.exchange(0, at: word, ordering: .releasing)
+        if previous == Self.locked { return }
+        require(previous != 0, "SpinLock.unlock(): the lock is not locked")
+        Futex(word).wake(1)
     }
 
     @usableFromInline
     @inline(never)
     func lockContended(deadline: MonotonicClock.Instant) -> Bool {
-        var round = 0
-        while true {
-            // Test, then test-and-set: spin on a load, which keeps the line
-            // shared instead of bouncing it between cores.
-            if AtomicMemory.load(from: word, ordering: .relaxed) == 0,
-                AtomicMemory.compareAndSwap(expected: 0, desired: 1, at: word, ordering: .acquiring)
-            {
-                return true
-            }
-            if round < Self.spinLimit {
-                for _ in 0..<(1 << round) { spinLoopHint() }
-            } else {
-                if MonotonicClock.now >= deadline { return false }
-                if round < Self.spinLimit + Self.yieldLimit {
-                    sched_yield()
-                } else {
-                    let nap = min(deadline, MonotonicClock.now.advanced(by: .milliseconds(1)))
-                    _ = Futex(word).wait(expecting: 1, until: nap)
+        // A deadline already past: exactly `tryLock`, no spin, no mark.
+        if !deadline.isDistantFuture && MonotonicClock.now >= deadline { return tryLock() }
+        // Test, then test-and-set: spin on a load, which keeps the line
+        // shared instead of bouncing it between cores.
+        for round in 0..<Self.spinLimit {
+            let state = AtomicMemory.load(from: word, ordering: .relaxed)
+            if state == 0 {
+                if AtomicMemory.compareAndSwap(expected: 0, desired: Self.locked, at: word, ordering: .acquiring) {
+                    return true
                 }
+            } else if state == Self.contended {
+                break  // someone sleeps already: spinning would jump the queue for little gain
             }
-            round += 1
+            for _ in 0..<(1 << round) { spinLoopHint() }
+        }
+        // Sleep. Whoever takes the lock from here marks it `contended`, since
+        // other sleepers may remain: the next unlock then wakes one of them.
+        let futex = Futex(word)
+        while true {
+            if AtomicMemory.exchange(Self.contended, at: word, ordering: .acquiring) == 0 { return true }
+            if !deadline.isDistantFuture && MonotonicClock.now >= deadline { return false }
+            _ = futex.wait(expecting: Self.contended, until: deadline)
         }
     }
 }

@@ -92,8 +92,10 @@ extension NativeThread {
     public struct Attributes: Sendable {
         /// The thread's name as `ps`, `top` and debuggers show it: at most 15
         /// bytes of UTF-8 (Linux's `comm` field). Applied by the thread itself
-        /// (`prctl(PR_SET_NAME)`) before its body runs. `nil` keeps the name
-        /// the thread inherits (the process's).
+        /// (`prctl(PR_SET_NAME)`) before its body runs, and `start()` returns
+        /// only once it is applied, so the thread has this name from then
+        /// on (until it renames itself). `nil` keeps the name the thread
+        /// inherits (the process's).
         public var name: String?
 
         /// Bytes reserved for the stack: at least `Topology.minimumStackSize`
@@ -164,11 +166,12 @@ extension NativeThread {
         }
 
         /// Whether the new thread applies settings to itself that the kernel
-        /// may refuse (a nice value, a NUMA memory policy), so that `start()`
-        /// waits for its verdict.
+        /// may refuse (a nice value, a NUMA memory policy) or that must hold
+        /// when `start()` returns (its name), so that `start()` waits for its
+        /// verdict.
         var needsSetupOnThread: Bool {
             if case .relative? = priority { return true }
-            return numaNode != nil
+            return numaNode != nil || name != nil
         }
 
         /// The validated values, in the form the system calls take.

@@ -13,9 +13,9 @@
 /// stop the process with a message, because no caller can recover from them
 /// meaningfully.
 public enum NativeThreadError: Error, Sendable, Hashable, CustomStringConvertible {
-    /// The stack size is below the smallest one the platform accepts
-    /// (`Topology.minimumStackSize`: `sysconf(_SC_THREAD_STACK_MIN)`, 16 KiB
-    /// on x86_64 and AArch64 glibc).
+    /// The stack size is below the smallest one a `NativeThread` runs on
+    /// (`Topology.minimumStackSize`: 32 KiB, or `sysconf(_SC_THREAD_STACK_MIN)`
+    /// if that is larger).
     case stackSizeTooSmall(requested: Int, minimum: Int)
     /// The stack size is not a multiple of the page size (`Topology.pageSize`).
     /// glibc would round it up without saying so; Spindle refuses instead.
@@ -60,7 +60,7 @@ public enum NativeThreadError: Error, Sendable, Hashable, CustomStringConvertibl
     public var description: String {
         switch self {
         case let .stackSizeTooSmall(requested, minimum):
-            return "stack size \(requested) bytes is below the minimum of \(minimum) bytes (sysconf(_SC_THREAD_STACK_MIN))"
+            return "stack size \(requested) bytes is below the minimum of \(minimum) bytes (Topology.minimumStackSize: what Spindle's thread entry and exit need, or sysconf(_SC_THREAD_STACK_MIN) if larger)"
         case let .stackSizeNotPageMultiple(requested, pageSize):
             return "stack size \(requested) bytes is not a multiple of the \(pageSize)-byte page size"
         case let .stackSizeRejected(requested):

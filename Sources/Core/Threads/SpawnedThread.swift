@@ -119,7 +119,9 @@ public final class SpawnedThread<Value: Sendable>: NativeThread, @unchecked Send
     /// `pthread_create`. Returns once the thread exists, normally without
     /// waiting for it to run; with a relative priority or a NUMA node in the
     /// attributes, it waits until the thread has applied them to itself, so
-    /// that a refusal is thrown here.
+    /// that a refusal is thrown here; with a name, it waits until the thread
+    /// has taken it, so that `name` reads it from the moment `start()`
+    /// returns.
     ///
     /// Throws the attribute's error for a value the platform cannot honour,
     /// `permissionDenied` for a real-time policy or priority raise the kernel
