@@ -61,7 +61,7 @@ struct ThreadLoopMembershipTests {
         onLoopThread(kind) { a in
             let other: LoopMode = "other"
             let log = EventLog()
-            func name(_ loop: ThreadLoop) -> String { loop === a ? "A" : "B" }
+            @Sendable func name(_ loop: ThreadLoop) -> String { loop === a ? "A" : "B" }
             let source = LoopSource(
                 schedule: { loop, mode in log.append("schedule \(name(loop)) \(mode)") },
                 cancel: { loop, mode in log.append("cancel \(name(loop)) \(mode)") }
@@ -111,8 +111,8 @@ struct ThreadLoopMembershipTests {
         onLoopThread(kind) { loop in
             let modes = (0..<10).map { LoopMode("mode \($0)") }
             let cancelled = EventLog()
-            var performed = 0
-            let source = LoopSource(cancel: { _, mode in cancelled.append("\(mode)") }) { _ in performed += 1 }
+            let performed = LockedValue(0)
+            let source = LoopSource(cancel: { _, mode in cancelled.append("\(mode)") }) { _ in performed.withLock { $0 += 1 } }
             for m in modes { loop.add(source, forMode: m) }
             loop.remove(source, forMode: modes[3])
             for (i, m) in modes.enumerated() { #expect(loop.contains(source, inMode: m) == (i != 3)) }
@@ -120,7 +120,7 @@ struct ThreadLoopMembershipTests {
             source.signal()
             #expect(loop.run(mode: modes[3], timeout: .zero) == .finished)
             #expect(loop.run(mode: modes[9], timeout: .zero, returnAfterSourceHandled: true) == .handledSource)
-            #expect(performed == 1)
+            #expect(performed.withLock { $0 } == 1)
             source.invalidate()
             #expect(Set(cancelled.all) == Set(modes.map(\.name)))
             #expect(cancelled.all.count == 10)
@@ -133,11 +133,11 @@ struct ThreadLoopMembershipTests {
         onLoopThread(kind) { loop in
             withPipe { readEnd, writeEnd in
                 let other: LoopMode = "other"
-                var reads = 0
+                let reads = LockedValue(0)
                 let source = LoopSource(descriptor: readEnd) { _, _ in
                     var byte: UInt8 = 0
                     _ = read(readEnd, &byte, 1)
-                    reads += 1
+                    reads.withLock { $0 += 1 }
                 }
                 loop.add(source, forMode: .default)
                 loop.add(source, forMode: other)
@@ -145,14 +145,14 @@ struct ThreadLoopMembershipTests {
                 var byte: UInt8 = 1
                 _ = write(writeEnd, &byte, 1)
                 #expect(loop.run(mode: other, timeout: .seconds(10), returnAfterSourceHandled: true) == .handledSource)
-                #expect(reads == 1)
+                #expect(reads.withLock { $0 } == 1)
                 // Back in both, out of both: no longer watched, nothing left.
                 loop.add(source, forMode: .default)
                 loop.remove(source, forMode: .common)
                 loop.remove(source, forMode: other)
                 _ = write(writeEnd, &byte, 1)
                 #expect(loop.run(mode: other, timeout: .zero) == .finished)
-                #expect(reads == 1)
+                #expect(reads.withLock { $0 } == 1)
             }
         }
     }
@@ -164,17 +164,17 @@ struct ThreadLoopMembershipTests {
     func timerInCommonModesThenInvalidated(kind: EventBackendKind) {
         onLoopThread(kind) { loop in
             let tracking: LoopMode = "tracking"
-            var fired: [String] = []
+            let fired = LockedValue<[String]>([])
             let timer = LoopTimer(after: .zero, interval: .milliseconds(1)) { _ in
-                fired.append("fired")
+                fired.withLock { $0.append("fired") }
             }
             loop.add(timer, forMode: .common)
             loop.addCommonMode(tracking)
             loop.run(mode: tracking, timeout: .milliseconds(20))
-            let inTracking = fired.count
+            let inTracking = fired.withLock { $0.count }
             #expect(inTracking >= 1)
             loop.run(mode: .default, timeout: .milliseconds(20))
-            #expect(fired.count > inTracking)
+            #expect(fired.withLock { $0.count } > inTracking)
             timer.invalidate()
             #expect(!timer.isValid)
             #expect(loop.run(mode: .default, timeout: .milliseconds(20)) == .finished)
@@ -190,15 +190,15 @@ struct ThreadLoopMembershipTests {
     func timerRemovedFromOneModeStaysInTheOther(kind: EventBackendKind) {
         onLoopThread(kind) { loop in
             let other: LoopMode = "other"
-            var fired = 0
-            let timer = LoopTimer(after: .zero) { _ in fired += 1 }
+            let fired = LockedValue(0)
+            let timer = LoopTimer(after: .zero) { _ in fired.withLock { $0 += 1 } }
             loop.add(timer, forMode: .default)
             loop.add(timer, forMode: other)
             loop.remove(timer, forMode: .default)
             #expect(loop.run(mode: .default, timeout: .zero) == .finished)
-            #expect(fired == 0)
+            #expect(fired.withLock { $0 } == 0)
             loop.run(mode: other, timeout: .zero)
-            #expect(fired == 1)
+            #expect(fired.withLock { $0 } == 1)
         }
     }
 

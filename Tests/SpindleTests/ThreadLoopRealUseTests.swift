@@ -281,12 +281,12 @@ struct ThreadLoopRealUseTests {
                             NativeThread.isMainThread, ThreadLoop.main === mine
                         else { _exit(2) }
                         // Its loop works, with a perform and a descriptor of its own.
-                        var ran = false
-                        mine.perform { ran = true }
+                        let ran = LockedValue(false)
+                        mine.perform { ran.withLock { $0 = true } }
                         let keep = LoopSource { _ in }
                         mine.add(keep)
                         _ = mine.run(mode: .default, timeout: .zero)
-                        guard ran else { _exit(3) }
+                        guard ran.withLock({ $0 }) else { _exit(3) }
                         var fds: [Int32] = [0, 0]
                         _ = pipe(&fds)
                         let own = LoopSource(descriptor: fds[0]) { _, _ in }

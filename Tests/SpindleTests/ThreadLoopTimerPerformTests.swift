@@ -16,13 +16,14 @@ struct ThreadLoopTimerTests {
             let start = MonotonicClock.now.advanced(by: .milliseconds(5))
             let interval = Duration.milliseconds(4)
             let step = interval.components.attoseconds / 1_000_000_000 + interval.components.seconds * 1_000_000_000
-            var fireDates: [MonotonicClock.Instant] = []
+            let firings = LockedValue<[MonotonicClock.Instant]>([])
             let timer = LoopTimer(fireAt: start, interval: interval) { t in
-                fireDates.append(t.fireDate)
-                if fireDates.count == 5 { t.invalidate() }
+                let count = firings.withLock { $0.append(t.fireDate); return $0.count }
+                if count == 5 { t.invalidate() }
             }
             loop.add(timer, forMode: .default)
             while timer.isValid { loop.run(mode: .default, timeout: .milliseconds(50)) }
+            let fireDates = firings.withLock { $0 }
             #expect(fireDates.count == 5)
             for d in fireDates {
                 #expect((d.nanoseconds - start.nanoseconds) % step == 0, "next date off the schedule")
@@ -38,14 +39,14 @@ struct ThreadLoopTimerTests {
         onLoopThread(kind) { loop in
             let start = MonotonicClock.now
             let interval = Duration.milliseconds(10)
-            var fired = 0
-            let timer = LoopTimer(fireAt: start, interval: interval) { _ in fired += 1 }
+            let fired = LockedValue(0)
+            let timer = LoopTimer(fireAt: start, interval: interval) { _ in fired.withLock { $0 += 1 } }
             loop.add(timer, forMode: .default)
             usleep(45_000)  // at least 4.5 periods pass with the loop not running
             let before = MonotonicClock.now
             loop.run(mode: .default, timeout: .zero)
             let after = MonotonicClock.now
-            #expect(fired == 1, "missed periods collapse into one firing")
+            #expect(fired.withLock { $0 } == 1, "missed periods collapse into one firing")
             // Next date: the first scheduled date after the firing (start + 5
             // intervals if the sleep took 45 ms; a loaded machine oversleeps).
             let next = timer.fireDate.nanoseconds - start.nanoseconds
@@ -60,16 +61,16 @@ struct ThreadLoopTimerTests {
     @Test(arguments: availableBackends)
     func timerFiresOnlyInItsModes(kind: EventBackendKind) {
         onLoopThread(kind) { loop in
-            var fired = 0
+            let fired = LockedValue(0)
             let other: LoopMode = "other"
-            let timer = LoopTimer(after: .zero) { _ in fired += 1 }
+            let timer = LoopTimer(after: .zero) { _ in fired.withLock { $0 += 1 } }
             loop.add(timer, forMode: other)
             let keep = LoopSource { _ in }
             loop.add(keep)
             loop.run(mode: .default, timeout: .milliseconds(5))
-            #expect(fired == 0)
+            #expect(fired.withLock { $0 } == 0)
             loop.run(mode: other, timeout: .zero)
-            #expect(fired == 1)
+            #expect(fired.withLock { $0 } == 1)
             #expect(!timer.isValid, "a one-shot is done after firing")
             keep.invalidate()
         }
@@ -78,14 +79,14 @@ struct ThreadLoopTimerTests {
     @Test(arguments: availableBackends)
     func invalidateFromAnotherThread(kind: EventBackendKind) {
         onLoopThread(kind) { loop in
-            var fired = 0
-            let timer = LoopTimer(after: .milliseconds(50)) { _ in fired += 1 }
+            let fired = LockedValue(0)
+            let timer = LoopTimer(after: .milliseconds(50)) { _ in fired.withLock { $0 += 1 } }
             loop.add(timer, forMode: .default)
             let box = Unchecked(timer)
             let join = startThread { box.value.invalidate() }
             join()
             #expect(loop.run(mode: .default, timeout: .milliseconds(100)) == .finished, "nothing left once invalidated")
-            #expect(fired == 0)
+            #expect(fired.withLock { $0 } == 0)
         }
     }
 
@@ -93,11 +94,11 @@ struct ThreadLoopTimerTests {
     func toleranceStillFiresNoEarlier(kind: EventBackendKind) {
         onLoopThread(kind) { loop in
             let due = MonotonicClock.now.advanced(by: .milliseconds(10))
-            var firedAt: MonotonicClock.Instant?
-            let timer = LoopTimer(fireAt: due, tolerance: .milliseconds(5)) { _ in firedAt = .now }
+            let firedAt = LockedValue<MonotonicClock.Instant?>(nil)
+            let timer = LoopTimer(fireAt: due, tolerance: .milliseconds(5)) { _ in firedAt.withLock { $0 = .now } }
             loop.add(timer, forMode: .default)
             while timer.isValid { loop.run(mode: .default, timeout: .milliseconds(100)) }
-            #expect(firedAt! >= due)
+            #expect(firedAt.withLock { $0 }! >= due)
         }
     }
 }
@@ -181,9 +182,9 @@ struct ThreadLoopPerformTests {
     @Test(arguments: availableBackends)
     func performOnOwnThreadWithWaitRunsAtOnce(kind: EventBackendKind) {
         onLoopThread(kind) { loop in
-            var ran = false
-            #expect(loop.perform(waitUntilDone: true) { ran = true })
-            #expect(ran)
+            let ran = LockedValue(false)
+            #expect(loop.perform(waitUntilDone: true) { ran.withLock { $0 = true } })
+            #expect(ran.withLock { $0 })
         }
     }
 

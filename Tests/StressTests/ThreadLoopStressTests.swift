@@ -66,11 +66,11 @@ struct ThreadLoopStressTests {
         onLoopThread(kind) { loop in
             var rng = SystemRandomNumberGenerator()
             let base = MonotonicClock.now.advanced(by: .milliseconds(20))
-            var fired: [(Int, MonotonicClock.Instant)] = []
+            let firings = LockedValue<[(Int, MonotonicClock.Instant)]>([])
             var timers: [LoopTimer] = []
             for i in 0..<1_000 {
                 let date = base.advanced(by: .microseconds(Int64.random(in: 0..<200_000, using: &rng)))
-                let t = LoopTimer(fireAt: date) { t in fired.append((i, t.fireDate)) }
+                let t = LoopTimer(fireAt: date) { t in firings.withLock { $0.append((i, t.fireDate)) } }
                 timers.append(t)
                 loop.add(t, forMode: .default)
             }
@@ -84,6 +84,7 @@ struct ThreadLoopStressTests {
             }
             while loop.run(mode: .default, timeout: .seconds(10)) != .finished {}
             killer()
+            let fired = firings.withLock { $0 }
             let ids = fired.map(\.0)
             #expect(Set(ids).count == ids.count, "a timer fired twice")
             let survivors = Set(0..<1_000).subtracting(stride(from: 0, to: 1_000, by: 10))

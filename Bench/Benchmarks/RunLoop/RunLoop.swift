@@ -89,9 +89,14 @@ final class LoopPair: @unchecked Sendable {
         let (a, b, done) = (self.a, self.b, self.done)
         a.perform {
             for _ in 0..<count {
-                var answered = false
-                b.perform { a.perform { answered = true } }
-                while !answered { a.run(mode: .default, timeout: .seconds(10), returnAfterSourceHandled: true) }
+                // Written and read on A only, but the performs' closures are
+                // `sending`; the lock is uncontended (a few ns beside the
+                // round trip) and replaces the heap box a captured var was.
+                let answered = LockedValue(false)
+                b.perform { a.perform { answered.withLock { $0 = true } } }
+                while !answered.withLock({ $0 }) {
+                    a.run(mode: .default, timeout: .seconds(10), returnAfterSourceHandled: true)
+                }
             }
             done.bump()
         }

@@ -16,8 +16,14 @@
 /// Thread-safe: `invalidate()` may be called from any thread; once it
 /// returns the handler is not called again (unless it is running right now
 /// on the loop thread).
+///
+/// The handler is `@Sendable`: an observer may be added to loops of several
+/// threads, which then call it at once, so the compiler rejects a handler
+/// that captures a local `var` or a non-`Sendable` object. Keep changing
+/// state in a `Sendable` value such as `LockedValue`.
 public final class LoopObserver: @unchecked Sendable {
-    // @unchecked: the handler is immutable; `isValid` is an atomic word.
+    // @unchecked: the handler is immutable and `@Sendable`; `isValid` is an
+    // atomic word.
 
     /// The points of a pass at which the handler runs.
     public let activities: LoopActivity
@@ -25,15 +31,16 @@ public final class LoopObserver: @unchecked Sendable {
     public let repeats: Bool
     /// Position among a mode's observers: lower runs first.
     public let order: Int
-    let handler: (LoopObserver, LoopActivity) -> Void
+    let handler: @Sendable (LoopObserver, LoopActivity) -> Void
     private let valid = UnsafeMutablePointer<UInt32>.allocate(capacity: 1)
 
     /// An observer of `activities`. The handler receives the observer and
     /// the activity being reached; it runs on the loop's thread and may add
     /// or remove loop items, run the loop (nested) or invalidate itself.
+    /// `@Sendable`: several loops' threads may call it at once.
     public init(
         activities: LoopActivity, repeats: Bool = true, order: Int = 0,
-        _ handler: @escaping (LoopObserver, LoopActivity) -> Void
+        _ handler: @escaping @Sendable (LoopObserver, LoopActivity) -> Void
     ) {
         require(!activities.isEmpty, "LoopObserver.init: `activities` is empty; the observer would never fire")
         self.activities = activities

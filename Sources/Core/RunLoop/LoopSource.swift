@@ -36,9 +36,21 @@ import Synchronization
 ///
 /// Memory: a source is one object plus its lock (two heap blocks); the
 /// signal flag lives in the object itself.
+///
+/// Callbacks are checked by the compiler for data races. `schedule`,
+/// `cancel`, `perform` and a descriptor source's handler are `@Sendable`:
+/// they run many times, and on several threads, possibly at once (a source
+/// may be in loops of several threads, each of which performs it, and is
+/// added and removed from any thread), so what they capture must be safe to
+/// share: `Sendable` values, such as a `LockedValue` for state that changes.
+/// A capture of a local `var`, or of a non-`Sendable` object, is rejected.
+/// `failed` runs at most once, so it is `sending`: the caller hands it over
+/// with what it captures.
 public final class LoopSource: @unchecked Sendable {
     // @unchecked: `state` is guarded by `lock`, `signaled` is atomic, and
-    // everything else is immutable.
+    // everything else is immutable. `onFailure` is not `Sendable`: it came
+    // in `sending` and `fail` calls it at most once (the first failure, as
+    // recorded under `lock`).
 
     /// Which kind of source this is.
     public enum Kind: Sendable, Hashable {
@@ -50,10 +62,10 @@ public final class LoopSource: @unchecked Sendable {
     public let kind: Kind
     /// Position among a mode's sources: lower fires first.
     public let order: Int
-    let onSchedule: ((ThreadLoop, LoopMode) -> Void)?
-    let onCancel: ((ThreadLoop, LoopMode) -> Void)?
-    let onPerform: ((LoopSource) -> Void)?
-    let onReady: ((LoopSource, Readiness) -> Void)?
+    let onSchedule: (@Sendable (ThreadLoop, LoopMode) -> Void)?
+    let onCancel: (@Sendable (ThreadLoop, LoopMode) -> Void)?
+    let onPerform: (@Sendable (LoopSource) -> Void)?
+    let onReady: (@Sendable (LoopSource, Readiness) -> Void)?
     let onFailure: ((LoopSource, DescriptorWatchError) -> Void)?
 
     /// Held briefly, never while calling out; a loop takes it while holding
@@ -114,11 +126,13 @@ public final class LoopSource: @unchecked Sendable {
 
     /// A custom source. `perform` runs on the loop thread after `signal()`;
     /// `schedule` and `cancel` run on the thread that adds or removes it.
+    /// All three are `@Sendable`: each may run on several threads, even at
+    /// once (see the type's documentation).
     public init(
         order: Int = 0,
-        schedule: ((ThreadLoop, LoopMode) -> Void)? = nil,
-        cancel: ((ThreadLoop, LoopMode) -> Void)? = nil,
-        perform: @escaping (LoopSource) -> Void
+        schedule: (@Sendable (ThreadLoop, LoopMode) -> Void)? = nil,
+        cancel: (@Sendable (ThreadLoop, LoopMode) -> Void)? = nil,
+        perform: @escaping @Sendable (LoopSource) -> Void
     ) {
         kind = .custom
         self.order = order
@@ -140,10 +154,14 @@ public final class LoopSource: @unchecked Sendable {
     /// watched; or the kernel refused), the source fails: `failure` is set,
     /// the source is invalidated, and `failed` runs once, on the thread that
     /// found out (the one adding it, or the loop's).
+    ///
+    /// `handler` is `@Sendable`: the source may be in loops of several
+    /// threads, which run it at once. `failed` is `sending`: it runs at most
+    /// once, so it may own what it captures.
     public init(
         descriptor fd: Int32, interest: Readiness = .readable, order: Int = 0,
-        failed: ((LoopSource, DescriptorWatchError) -> Void)? = nil,
-        _ handler: @escaping (LoopSource, Readiness) -> Void
+        failed: sending ((LoopSource, DescriptorWatchError) -> Void)? = nil,
+        _ handler: @escaping @Sendable (LoopSource, Readiness) -> Void
     ) {
         require(fd >= 0, "LoopSource.init(descriptor:): `fd` is \(fd); it must be an open descriptor")
         require(

@@ -55,7 +55,10 @@ public final class LoopThread: Sendable, CustomStringConvertible {
     ///     affinity...); `isDetached` must be false, since `join()` joins it.
     ///   - kind: The loop's event backend; `nil` for the preferred one.
     ///   - body: What the thread does with its loop; by default it runs the
-    ///     loop until `stop()`. An error it throws reaches `join()`.
+    ///     loop until `stop()`. An error it throws reaches `join()`. It is
+    ///     `sending`: it runs once, on the new thread, so the caller hands it
+    ///     over with what it captures (the compiler rejects a capture the
+    ///     caller goes on using).
     /// - Returns: The running thread and its loop.
     /// - Throws: `NativeThreadError` if the thread cannot start (see
     ///   `SpawnedThread.start()`); `SystemCallError` if the kernel refuses

@@ -29,9 +29,22 @@ import Synchronization
 ///
 /// Memory: a timer is a single heap object; its state is atomic words
 /// inside it, with no lock.
+///
+/// The handler is `sending`: the caller hands it over, with everything it
+/// captures, and the compiler rejects a handler that captures state the
+/// caller goes on using (a local `var` the caller mutates afterwards, an
+/// object it still holds), as it does for `Thread`. That is enough although
+/// the handler runs many times: a timer belongs to one loop for good
+/// (`ThreadLoop.add` enforces it), so its handler only ever runs on that
+/// loop's thread, one call after another, never on two threads. A handler
+/// may therefore own non-`Sendable` state made for it (a counter object,
+/// a buffer) with no box; state shared with other threads goes through a
+/// `Sendable` value such as `LockedValue`.
 public final class LoopTimer: @unchecked Sendable {
     // @unchecked: the mutable state is three atomics; everything else is
-    // immutable.
+    // immutable. The handler is not `Sendable`: it came in `sending`, and
+    // only the one loop that owns the timer (`claim`) calls it, on its own
+    // thread; no other thread ever calls or copies it.
 
     /// The time between firings of a repeating timer; nil for a one-shot.
     public let interval: Duration?
@@ -62,10 +75,11 @@ public final class LoopTimer: @unchecked Sendable {
 
     /// A timer first firing at `fireDate`, then every `interval` if given.
     /// `interval` must be positive and `tolerance` non-negative: otherwise a
-    /// precondition failure with a message.
+    /// precondition failure with a message. `handler` is `sending`: see the
+    /// type's documentation.
     public init(
         fireAt fireDate: MonotonicClock.Instant, interval: Duration? = nil, tolerance: Duration = .zero,
-        _ handler: @escaping (LoopTimer) -> Void
+        _ handler: sending @escaping (LoopTimer) -> Void
     ) {
         if let interval {
             require(interval > .zero, "LoopTimer.init: `interval` is \(interval); a repeating timer needs a positive interval")
@@ -79,15 +93,16 @@ public final class LoopTimer: @unchecked Sendable {
     }
 
     /// A timer firing `delay` from now (and every `interval` after, if given).
+    /// `handler` is `sending`: see the type's documentation.
     public convenience init(
         after delay: Duration, interval: Duration? = nil, tolerance: Duration = .zero,
-        _ handler: @escaping (LoopTimer) -> Void
+        _ handler: sending @escaping (LoopTimer) -> Void
     ) {
         require(delay >= .zero, "LoopTimer.init: `delay` is \(delay); it cannot be negative")
         self.init(fireAt: MonotonicClock.now.advanced(by: delay), interval: interval, tolerance: tolerance, handler)
     }
 
-    init(fireAt fireDate: MonotonicClock.Instant, target: ObjectIdentifier?, _ handler: @escaping (LoopTimer) -> Void) {
+    init(fireAt fireDate: MonotonicClock.Instant, target: ObjectIdentifier?, _ handler: sending @escaping (LoopTimer) -> Void) {
         interval = nil
         toleranceNanoseconds = Atomic(0)
         self.handler = handler

@@ -50,7 +50,9 @@ import Glibc
 /// `ownerThreadExited`.
 public final class ThreadLoop: @unchecked Sendable {
     // @unchecked: configuration and queues are guarded by `lock`; run state
-    // is touched only by the owning thread; the stop flag is atomic.
+    // is touched only by the owning thread; the stop flag is atomic. The
+    // queued blocks are not `Sendable`: each came in `sending` and is called
+    // once, by the owning thread (or inline by the caller, on that thread).
 
     /// The descriptors the loop watches, over the event backend it sleeps in.
     package let registry: EventRegistry
@@ -602,9 +604,17 @@ public final class ThreadLoop: @unchecked Sendable {
     /// until the block has run; called on the loop's own thread it runs the
     /// block at once. Returns false if the block did not run (only possible
     /// with `waitUntilDone` when the loop's thread exited first).
+    ///
+    /// `block` is `sending`: it runs at most once, on another thread, so
+    /// the caller hands it over together with everything it captures. The
+    /// compiler rejects a block that captures state the caller goes on
+    /// using (a local `var` it mutates afterwards, a non-`Sendable` object
+    /// it still holds), as it does for `Thread` and `DispatchQueue.async`;
+    /// state it gives up (an object made for the block) needs no box. Share
+    /// state through a `Sendable` value such as `LockedValue`.
     @discardableResult
     public func perform(
-        inModes modes: [LoopMode] = [.common], waitUntilDone: Bool = false, _ block: @escaping () -> Void
+        inModes modes: [LoopMode] = [.common], waitUntilDone: Bool = false, _ block: sending @escaping () -> Void
     ) -> Bool {
         require(!modes.isEmpty, "ThreadLoop.perform: `modes` is empty; the block could never run")
         if waitUntilDone && isCurrent {
@@ -627,10 +637,15 @@ public final class ThreadLoop: @unchecked Sendable {
     /// `cancelPreviousPerformRequests(target:)`. Must be called on the
     /// loop's own thread (the guide's "perform after a delay on the current
     /// thread"). Returns the timer, which can also be invalidated directly.
+    ///
+    /// `block` is `sending`, as for `perform(inModes:waitUntilDone:_:)`: it
+    /// runs at most once, on this loop's thread, and the timer that holds it
+    /// is a `Sendable` object other threads can reach, so the caller hands
+    /// the block over with what it captures.
     @discardableResult
     public func perform(
         afterDelay delay: Duration, inModes modes: [LoopMode] = [.default], target: AnyObject? = nil,
-        _ block: @escaping () -> Void
+        _ block: sending @escaping () -> Void
     ) -> LoopTimer {
         require(isCurrent, "ThreadLoop.perform(afterDelay:): call it on the loop's own thread")
         require(delay >= .zero, "ThreadLoop.perform(afterDelay:): `delay` is \(delay); it cannot be negative")
