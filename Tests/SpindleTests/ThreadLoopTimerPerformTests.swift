@@ -268,6 +268,19 @@ struct ThreadLoopMisuseTests {
         #expect(stderr(r).contains("only its own thread runs a loop"))
     }
 
+    /// A delayed perform's block is not `Sendable`: firing its timer from
+    /// another thread stops with a message.
+    @Test func firingADelayedPerformElsewhere() async {
+        let r = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+            let loop = ThreadLoop.current
+            let timer = loop.perform(afterDelay: .seconds(60)) {}
+            let box = Unchecked(timer)
+            let join = startThread { box.value.fire() }
+            join()
+        }
+        #expect(stderr(r).contains("LoopTimer.fire(): this timer runs a delayed perform"))
+    }
+
     @Test func negativeTimerInterval() async {
         let r = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
             _ = LoopTimer(after: .zero, interval: .milliseconds(-1)) { _ in }

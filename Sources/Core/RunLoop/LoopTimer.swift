@@ -30,21 +30,17 @@ import Synchronization
 /// Memory: a timer is a single heap object; its state is atomic words
 /// inside it, with no lock.
 ///
-/// The handler is `sending`: the caller hands it over, with everything it
-/// captures, and the compiler rejects a handler that captures state the
-/// caller goes on using (a local `var` the caller mutates afterwards, an
-/// object it still holds), as it does for `Thread`. That is enough although
-/// the handler runs many times: a timer belongs to one loop for good
-/// (`ThreadLoop.add` enforces it), so its handler only ever runs on that
-/// loop's thread, one call after another, never on two threads. A handler
-/// may therefore own non-`Sendable` state made for it (a counter object,
-/// a buffer) with no box; state shared with other threads goes through a
-/// `Sendable` value such as `LockedValue`.
+/// The handler is `@Sendable`, as Foundation's `Timer` block is: it runs on
+/// the loop's thread at each firing, and on any thread that calls `fire()`,
+/// so the compiler rejects a handler that captures state the caller goes on
+/// using (a local `var` the caller mutates afterwards). State shared with
+/// other threads goes through a `Sendable` value such as `LockedValue`.
 public final class LoopTimer: @unchecked Sendable {
-    // @unchecked: the mutable state is three atomics; everything else is
-    // immutable. The handler is not `Sendable`: it came in `sending`, and
-    // only the one loop that owns the timer (`claim`) calls it, on its own
-    // thread; no other thread ever calls or copies it.
+    // @unchecked: the mutable state is atomics; everything else is
+    // immutable. The handler is `@Sendable` for every public initializer;
+    // a delayed perform's (`ThreadLoop.perform(afterDelay:)`) came in
+    // `sending` and is only ever called on its loop's thread (`fire()`
+    // checks), one call after another.
 
     /// The time between firings of a repeating timer; nil for a one-shot.
     public let interval: Duration?
@@ -60,6 +56,9 @@ public final class LoopTimer: @unchecked Sendable {
     }
     private let toleranceNanoseconds: Atomic<Int64>
     let handler: (LoopTimer) -> Void
+    /// Whether `handler` is `@Sendable` (every public initializer); false
+    /// for a delayed perform's, which only its loop's thread may call.
+    let handlerIsSendable: Bool
     /// Identifies the object on whose behalf a delayed perform was queued.
     let target: ObjectIdentifier?
 
@@ -75,11 +74,11 @@ public final class LoopTimer: @unchecked Sendable {
 
     /// A timer first firing at `fireDate`, then every `interval` if given.
     /// `interval` must be positive and `tolerance` non-negative: otherwise a
-    /// precondition failure with a message. `handler` is `sending`: see the
-    /// type's documentation.
+    /// precondition failure with a message. `handler` is `@Sendable`: see
+    /// the type's documentation.
     public init(
         fireAt fireDate: MonotonicClock.Instant, interval: Duration? = nil, tolerance: Duration = .zero,
-        _ handler: sending @escaping (LoopTimer) -> Void
+        _ handler: @escaping @Sendable (LoopTimer) -> Void
     ) {
         if let interval {
             require(interval > .zero, "LoopTimer.init: `interval` is \(interval); a repeating timer needs a positive interval")
@@ -88,15 +87,16 @@ public final class LoopTimer: @unchecked Sendable {
         self.interval = interval
         self.toleranceNanoseconds = Atomic(tolerance.nanosecondsSaturating)
         self.handler = handler
+        self.handlerIsSendable = true
         self.target = nil
         nextFire = Atomic(fireDate.nanoseconds)
     }
 
     /// A timer firing `delay` from now (and every `interval` after, if given).
-    /// `handler` is `sending`: see the type's documentation.
+    /// `handler` is `@Sendable`: see the type's documentation.
     public convenience init(
         after delay: Duration, interval: Duration? = nil, tolerance: Duration = .zero,
-        _ handler: sending @escaping (LoopTimer) -> Void
+        _ handler: @escaping @Sendable (LoopTimer) -> Void
     ) {
         require(delay >= .zero, "LoopTimer.init: `delay` is \(delay); it cannot be negative")
         self.init(fireAt: MonotonicClock.now.advanced(by: delay), interval: interval, tolerance: tolerance, handler)
@@ -106,6 +106,7 @@ public final class LoopTimer: @unchecked Sendable {
         interval = nil
         toleranceNanoseconds = Atomic(0)
         self.handler = handler
+        self.handlerIsSendable = false
         self.target = target
         nextFire = Atomic(fireDate.nanoseconds)
     }
@@ -133,9 +134,18 @@ public final class LoopTimer: @unchecked Sendable {
     /// Runs the handler now, on the calling thread, outside the schedule
     /// (Foundation's `fire()`): a repeating timer keeps its next date; a
     /// one-shot is invalidated after its handler returns. Nothing for an
-    /// invalid timer. Blocks for as long as the handler runs.
+    /// invalid timer. Blocks for as long as the handler runs. Any thread,
+    /// except for the timer of a delayed perform (`ThreadLoop.perform(
+    /// afterDelay:)`, whose block is not `Sendable`): that one only on its
+    /// loop's thread, a precondition failure elsewhere.
     public func fire() {
         guard isValid else { return }
+        if !handlerIsSendable {
+            let loop = owner.load(ordering: .acquiring)?.takeUnretainedValue().loop
+            require(
+                loop?.isCurrent ?? false,
+                "LoopTimer.fire(): this timer runs a delayed perform, whose block may only run on its loop's thread")
+        }
         handler(self)
         if interval == nil { invalidate() }
     }
