@@ -109,15 +109,19 @@ struct ThreadLoopFoundationTests {
     }
 
     /// Loops are `Hashable` by identity.
-    @Test func loopsCompareByIdentity() {
-        let here = ThreadLoop.current
-        let there = Unchecked(LoopBox())
-        let join = startThread { there.value.loop = ThreadLoop.current }
-        join()
-        let other = there.value.loop!
-        #expect(here == ThreadLoop.current)
-        #expect(here != other)
-        #expect(Set([here, other, here]).count == 2)
+    @Test(arguments: availableBackends)
+    func loopsCompareByIdentity(kind: EventBackendKind) {
+        // On threads of the test's own, never on a test-runner thread: a
+        // loop made there would stay with the runner's thread.
+        onLoopThread(kind) { here in
+            let there = Unchecked(LoopBox())
+            let join = startThread { there.value.loop = ThreadLoop.current }
+            join()
+            let other = there.value.loop!
+            #expect(here == ThreadLoop.current)
+            #expect(here != other)
+            #expect(Set([here, other, here]).count == 2)
+        }
     }
 }
 
