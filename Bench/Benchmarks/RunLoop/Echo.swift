@@ -162,13 +162,14 @@ final class SpindleEchoSides: EchoSides {
 
     init(_ kind: EventBackendKind, _ batch: EchoBatch) throws {
         let (fdA, fdB) = (sockets.a, sockets.b)
-        let failed: (LoopSource, DescriptorWatchError) -> Void = { _, error in
-            echoFailure("a descriptor source failed: \(error)")
+        // One `failed` callback per source: each is handed over (`sending`).
+        func failed(_ side: String) -> (LoopSource, DescriptorWatchError) -> Void {
+            { _, error in echoFailure("\(side)'s descriptor source failed: \(error)") }
         }
-        sourceA = LoopSource(descriptor: fdA, interest: .readable, failed: failed) { source, _ in
+        sourceA = LoopSource(descriptor: fdA, interest: .readable, failed: failed("A")) { source, _ in
             if echoSideA(fdA, batch) == .closed { source.invalidate() }
         }
-        sourceB = LoopSource(descriptor: fdB, interest: .readable, failed: failed) { source, _ in
+        sourceB = LoopSource(descriptor: fdB, interest: .readable, failed: failed("B")) { source, _ in
             if echoSideB(fdB) == .closed { source.invalidate() }
         }
         a = try LoopThread.start(backend: kind)
