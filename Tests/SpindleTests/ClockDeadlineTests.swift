@@ -69,3 +69,43 @@ struct ClockDeadlineTests {
         lock.unlock()
     }
 }
+
+/// The waits of the conditions and threads layers take deadlines on Swift's
+/// clocks too, and time out no earlier than asked.
+@Suite("Deadlines on any clock: conditions and threads")
+struct ConditionAndThreadClockTests {
+    @Test func conditionsTimeOutNoEarlier() {
+        let start = MonotonicClock.now
+        let condition = Condition()
+        condition.lock()
+        #expect(!condition.wait(until: ContinuousClock.now + .milliseconds(10)))
+        condition.unlock()
+        let variable = ConditionVariable()
+        let lock = Lock()
+        lock.lock()
+        #expect(!variable.wait(releasing: lock, until: SuspendingClock.now + .milliseconds(10)))
+        lock.unlock()
+        #expect(!Semaphore(value: 0).wait(until: ContinuousClock.now + .milliseconds(10)))
+        #expect(Semaphore(value: 1).wait(until: ContinuousClock.now))
+        let conditionLock = ConditionLock(condition: 1)
+        #expect(!conditionLock.lock(whenCondition: 2, before: ContinuousClock.now + .milliseconds(10)))
+        #expect(conditionLock.lock(whenCondition: 1, before: ContinuousClock.now + .milliseconds(10)))
+        conditionLock.unlock()
+        #expect(start.duration(to: .now) >= .milliseconds(40))
+    }
+
+    @Test func threadsSleepAndJoinOnAnyClock() throws {
+        let start = MonotonicClock.now
+        NativeThread.sleep(until: ContinuousClock.now + .milliseconds(10))
+        #expect(start.duration(to: .now) >= .milliseconds(10))
+        let gate = Semaphore(value: 0)
+        let thread = try NativeThread.start { () -> Int in
+            gate.wait()
+            return 42
+        }
+        #expect(try thread.join(until: SuspendingClock.now + .milliseconds(5)) == nil)
+        #expect(try thread.join(timeout: .zero) == nil)
+        gate.signal()
+        #expect(try thread.join(timeout: .seconds(30)) == 42)
+    }
+}
