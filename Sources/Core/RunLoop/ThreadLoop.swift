@@ -444,6 +444,7 @@ public final class ThreadLoop: @unchecked Sendable {
 
     /// Runs the loop in the default mode until `deadline`, `stop()`, or
     /// nothing is left to do. Blocks the owning thread.
+    ///
     /// Makes at least one pass, even when `deadline` has passed already: with
     /// `.now` it is the guide's polling pass, which lets signalled sources,
     /// queued performs and due timers run without sleeping.
