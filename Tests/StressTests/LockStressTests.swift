@@ -171,16 +171,28 @@ struct LockStressTests {
         lock.unlock()
     }
 
-    /// Bounded waiting: sixteen threads (8× the cores here) do nothing but
-    /// re-take one lock for a second, and every one of them gets it in every
-    /// 100 ms window. The windows are counted, never timed: each thread ticks
-    /// its own counter under the lock, and a sampler reads all of them at
-    /// the end of each window. A lock that lets runnable threads barge
-    /// forever (without hand-offs to starving waiters) leaves some counter
-    /// still in a window; the bound here is ~100× the starvation bound, so it
-    /// catches starvation, not slowness.
-    @Test func everyThreadGetsTheLockInEveryWindowUnderSaturation() {
-        let threads = 16
+    /// Bounded waiting: threads that do nothing but re-take one lock for
+    /// ten windows, and every one of them gets it in every window. The
+    /// windows are counted, never timed: each thread ticks its own counter
+    /// under the lock, and a sampler reads all of them at the end of each
+    /// window.
+    ///
+    /// - 3 threads holding the lock 20 µs each time: a woken waiter (40 µs
+    ///   to wake on this VM) always finds it held again, so without the
+    ///   hand-off to starving waiters some thread goes a whole 100 ms window
+    ///   without it (seen here with the hand-off disabled).
+    /// - 16 threads holding it for a few instructions (8× the cores here):
+    ///   the scheduler alone leaves a runnable thread off the CPU for
+    ///   50–150 ms on this 2-vCPU VM (measured, hand-off on or off), so the
+    ///   window is 250 ms; on many cores this is where barging spinners
+    ///   would starve a sleeper.
+    @Test(
+        .serialized,
+        arguments: [
+            (threads: 3, holding: Duration.microseconds(20), window: Duration.milliseconds(100)),
+            (threads: 16, holding: .zero, window: .milliseconds(250)),
+        ])
+    func everyThreadGetsTheLockInEveryWindowUnderSaturation(threads: Int, holding: Duration, window: Duration) {
         let windows = 10
         let lock = Lock()
         let counts = Protected()
@@ -193,7 +205,7 @@ struct LockStressTests {
                     // count did not move in it.
                     var last = lock.withLock { Array(counts.scratch[0..<threads]) }
                     for _ in 0..<windows {
-                        usleep(100_000)
+                        usleep(useconds_t(window / .microseconds(1)))
                         let now = lock.withLock { Array(counts.scratch[0..<threads]) }
                         stalls.value += zip(now, last).filter { $0 == $1 }.count
                         last = now
@@ -205,11 +217,16 @@ struct LockStressTests {
                     lock.lock()
                     counts.scratch[t] += 1
                     counts.value += 1
+                    if holding > .zero {
+                        // A long critical section: a woken waiter always finds the lock held again.
+                        let until = MonotonicClock.now.advanced(by: holding)
+                        while MonotonicClock.now < until {}
+                    }
                     lock.unlock()
                 }
             }
         }
-        #expect(stalls.value == 0, "\(stalls.value) thread-windows of 100 ms without the lock")
+        #expect(stalls.value == 0, "\(stalls.value) thread-windows of \(window) without the lock")
         #expect(counts.scratch[0..<threads].reduce(0, +) == counts.value)
         #expect(lock.wordValue == 0)
         #expect(lock.threadsWaitingForTurn == 0)

@@ -12,10 +12,11 @@ import CShims
 /// Bounded waiting. A starving thread leaves the lock word and claims the
 /// heir's place (`slot`): one thread at a time; the others sleep on the slot
 /// word, which the kernel wakes in arrival order, and each release of the
-/// place wakes the next. The heir waits until one interval has passed since
-/// the last fair hand-off (taking the lock meanwhile if it finds it free),
-/// then sets `request` in the lock word; the holder's next unlock hands the
-/// lock over, still locked (`handoff`), and wakes the heir if it sleeps. So
+/// place wakes the next. The heir sets `request` in the lock word, which
+/// sends every unlock to the slow path: the first one at least one interval
+/// after the last hand-off hands the lock over, still locked (`handoff`),
+/// and wakes the heir if it sleeps; the ones before release it and wake the
+/// heir to take it if it is free. So
 /// a thread waits at most the starvation bound, plus one interval and one
 /// critical section per starving thread ahead of it, plus whatever the
 /// scheduler adds before it runs, however often other threads re-take the
@@ -27,8 +28,9 @@ import CShims
 ///
 ///     lock    the core's word, plus `handoff` and `request` (`LockWord`)
 ///     heir    `HeirWord`: a sequence that each hand-off bumps (after the
-///             lock word) and bit 0, set while the heir sleeps on this word,
-///             so that a hand-off makes a system call only then
+///             lock word) and bit 0, set while the heir sleeps on this word
+///             and cleared by the unlock that wakes it, so that an unlock
+///             makes a system call for the heir only then
 ///     slot    `SlotWord`: the heir's place (bit 0) and the number of
 ///             starving threads waiting for it (bits 2–31)
 ///     stamp   the last fair hand-off, in microseconds of the monotonic
@@ -128,8 +130,14 @@ struct FutexMutex {
             require(
                 view.isLocked && !view.isHandedOff,
                 "unlock(): the lock is not locked (unbalanced unlock, or unlock before lock)")
-            guard view.isRequested else {
-                guard let current = core.release(state) else { return }
+            // Not asked, or asked too soon after the last hand-off (the clock
+            // is read only while an heir asks): release as the core does.
+            // An heir asleep then is woken to take the lock if it is free.
+            guard view.isRequested && isHandOffDue() else {
+                guard let current = core.release(state) else {
+                    if view.isRequested { wakeHeir(bumping: false) }
+                    return
+                }
                 state = current
                 continue
             }
@@ -141,10 +149,46 @@ struct FutexMutex {
                 state = r.original
                 continue
             }
-            // After the lock word: the heir reads the sequence first.
-            let heir = HeirWord(AtomicMemory.add(HeirWord.sequenceUnit, to: heirWord, ordering: .releasing))
-            if heir.heirSleeps { Futex(heirWord).wake(1) }
+            // Still ours to write: the heir claims the lock only after the
+            // sequence changes or it sees `handoff`, both after this.
+            AtomicMemory.store(Self.microstamp(MonotonicClock.now), to: stampWord, ordering: .relaxed)
+            wakeHeir(bumping: true)
             return
+        }
+    }
+
+    /// Whether one `fairHandoffInterval` has passed since the last hand-off.
+    /// Called by the holder only.
+    @usableFromInline
+    func isHandOffDue() -> Bool {
+        let interval = UInt32(LockTuning.fairHandoffInterval.nanosecondsSaturating / 1_000)
+        let last = AtomicMemory.load(from: stampWord, ordering: .relaxed)
+        return Self.microstamp(MonotonicClock.now) &- last >= interval
+    }
+
+    /// Changes the heir word (bumping the sequence after a hand-off, so the
+    /// heir's sleep on the old value is refused) and wakes the heir if it
+    /// sleeps, clearing `sleeping`: one system call per sleep at most.
+    ///
+    /// Called after changing the lock word. A read-modify-write even when
+    /// it changes nothing: the heir sets `sleeping` with one too, and then
+    /// reads the lock word. The two are ordered in the heir word's
+    /// modification order: either ours comes later and sees `sleeping`, or
+    /// the heir's reads from ours (release to acquire) and so sees the lock
+    /// word as we left it. A plain load here could miss a heir that then
+    /// sleeps while the lock is free.
+    @usableFromInline
+    func wakeHeir(bumping: Bool) {
+        var heir = AtomicMemory.orOriginal(0, into: heirWord, ordering: .acquiringAndReleasing)
+        while bumping || HeirWord(heir).heirSleeps {
+            let desired = (heir &+ (bumping ? HeirWord.sequenceUnit : 0)) & ~HeirWord.sleeping
+            let r = AtomicMemory.compareExchange(
+                expected: heir, desired: desired, at: heirWord, ordering: .acquiringAndReleasing)
+            if r.exchanged {
+                if HeirWord(heir).heirSleeps { Futex(heirWord).wake(1) }
+                return
+            }
+            heir = r.original
         }
     }
 
@@ -235,22 +279,18 @@ struct FutexMutex {
         }
     }
 
-    /// The heir's life: until one interval after the last fair hand-off it
-    /// takes the lock only if it finds it free; then it asks for it
-    /// (`request`), spins a little and sleeps until the holder's unlock
-    /// hands it over. Returns whether it acquired by `deadline`.
+    /// The heir's life: asks for the lock (`request`), takes it if it finds
+    /// it free, spins a little, and sleeps on the heir word until an unlock
+    /// hands it over (at most one interval after the last hand-off) or
+    /// releases it (then it looks again). Returns whether it acquired by
+    /// `deadline`.
     @usableFromInline
     func serveAsHeir(until deadline: MonotonicClock.Instant) -> Bool {
         let futex = Futex(heirWord)
-        // Only the heir sets or clears `sleeping`; it leaves it clear.
-        defer { _ = AtomicMemory.and(~HeirWord.sleeping, into: heirWord, ordering: .relaxed) }
-        let interval = LockTuning.fairHandoffInterval.nanosecondsSaturating / 1_000
-        let since = Int64(Self.microstamp(MonotonicClock.now) &- AtomicMemory.load(from: stampWord, ordering: .relaxed))
-        let fairAt = MonotonicClock.now.advanced(by: .microseconds(max(0, interval - since)))
         var round = 0
         while true {
-            // The sequence first, then the word: a hand-off writes them in the
-            // other order (releasing the sequence).
+            // The heir word first, then the lock word: an unlock writes them
+            // in the other order (releasing the heir word).
             let heir = HeirWord(AtomicMemory.load(from: heirWord, ordering: .acquiring))
             let state = AtomicMemory.load(from: word, ordering: .relaxed)
             let view = LockWord(state)
@@ -258,15 +298,11 @@ struct FutexMutex {
                 // Handed over (the lock stays locked) or free: take it.
                 let desired = (state | LockWord.locked) & ~(LockWord.handoff | LockWord.request)
                 if AtomicMemory.compareAndSwap(expected: state, desired: desired, at: word, ordering: .acquiring) {
-                    if view.isHandedOff || view.isRequested {
-                        AtomicMemory.store(Self.microstamp(MonotonicClock.now), to: stampWord, ordering: .relaxed)
-                    }
                     return true
                 }
                 continue
             }
-            let now = MonotonicClock.now
-            if now >= deadline {
+            if !deadline.isDistantFuture && MonotonicClock.now >= deadline {
                 // Withdraw the request; fails (and we look again) if the lock
                 // was handed over meanwhile.
                 if AtomicMemory.compareAndSwap(
@@ -276,32 +312,31 @@ struct FutexMutex {
                 }
                 continue
             }
-            let wakeAt: MonotonicClock.Instant
-            if now < fairAt {
-                wakeAt = fairAt < deadline ? fairAt : deadline
-            } else if !view.isRequested {
+            if !view.isRequested {
                 _ = AtomicMemory.compareAndSwap(
                     expected: state, desired: state | LockWord.request, at: word, ordering: .relaxed)
                 continue
-            } else if round < LockTuning.heirSpinRounds {
-                // Asked: the holder hands over at its next unlock, probably
-                // soon on another core. Loads only.
+            }
+            if round < LockTuning.heirSpinRounds {
+                // Asked: on many cores the holder is running and unlocks
+                // soon. Loads only.
                 spinBurst(round: round)
                 round += 1
                 continue
-            } else {
-                wakeAt = deadline
             }
             // Announce the sleep in the heir word, then sleep while it is
-            // unchanged (a hand-off bumps the sequence).
-            var expected = heir.rawValue
+            // unchanged (an unlock clears `sleeping`, a hand-off also bumps
+            // the sequence).
             if !heir.heirSleeps {
-                let r = AtomicMemory.compareExchange(
-                    expected: expected, desired: expected | HeirWord.sleeping, at: heirWord, ordering: .relaxed)
-                if !r.exchanged { continue }
-                expected |= HeirWord.sleeping
+                // A read-modify-write, then the lock word again before the
+                // sleep (see `wakeHeir`).
+                _ = AtomicMemory.compareAndSwap(
+                    expected: heir.rawValue, desired: heir.rawValue | HeirWord.sleeping, at: heirWord,
+                    ordering: .acquiringAndReleasing)
+                continue
             }
-            _ = futex.wait(expecting: expected, until: wakeAt.isDistantFuture ? nil : wakeAt)
+            _ = futex.wait(expecting: heir.rawValue, until: deadline.isDistantFuture ? nil : deadline)
+            round = 0
         }
     }
 
