@@ -3,7 +3,7 @@
 /// addresses. The mutex a waiter releases is a `FutexMutex`; see `Condition`
 /// for the contract.
 ///
-/// The words (`byteCount` bytes from an 8-byte aligned base):
+/// The words (`Words`, from an 8-byte aligned base):
 ///
 ///     sequence    UInt32  the futex word. Every signal and broadcast that finds
 ///                         a waiter adds one. A waiter reads it while it still
@@ -50,12 +50,22 @@ struct FutexCondition {
     @usableFromInline let spin: AdaptiveSpin
     @usableFromInline let broadcasts: UnsafeMutablePointer<UInt64>
 
-    /// The bytes of words a condition needs, laid out from an 8-byte aligned base.
-    static var byteCount: Int { 24 }
+    /// The layout of a condition's words, from an 8-byte aligned base.
+    @usableFromInline
+    struct Words {
+        @usableFromInline var sequence: UInt32
+        @usableFromInline var waiters: UInt32
+        @usableFromInline var sleepers: UInt32
+        @usableFromInline var spin: UInt32
+        @usableFromInline var broadcasts: UInt64
+    }
+
+    /// The bytes of words a condition needs.
+    static var byteCount: Int { MemoryLayout<Words>.size }
 
     /// Sets up the words of a new condition at `base` (zeroed memory).
     static func initialize(at base: UnsafeMutableRawPointer) {
-        (base + 12).storeBytes(of: AdaptiveSpin.initialPolls, as: UInt32.self)
+        (base + MemoryLayout<Words>.offset(of: \.spin)!).storeBytes(of: AdaptiveSpin.initialPolls, as: UInt32.self)
     }
 
     /// One broadcast begun and in flight, in `broadcasts`.
@@ -65,11 +75,14 @@ struct FutexCondition {
 
     @inlinable
     init(base: UnsafeMutableRawPointer) {
-        sequence = base.assumingMemoryBound(to: UInt32.self)
-        waiters = (base + 4).assumingMemoryBound(to: UInt32.self)
-        sleepers = (base + 8).assumingMemoryBound(to: UInt32.self)
-        spin = AdaptiveSpin((base + 12).assumingMemoryBound(to: UInt32.self))
-        broadcasts = (base + 16).assumingMemoryBound(to: UInt64.self)
+        func word<T>(_ field: KeyPath<Words, T>) -> UnsafeMutablePointer<T> {
+            (base + MemoryLayout<Words>.offset(of: field)!).assumingMemoryBound(to: T.self)
+        }
+        sequence = word(\.sequence)
+        waiters = word(\.waiters)
+        sleepers = word(\.sleepers)
+        spin = AdaptiveSpin(word(\.spin))
+        broadcasts = word(\.broadcasts)
     }
 
     /// Whether any thread is inside `wait` (a snapshot). Acquiring: pairs with

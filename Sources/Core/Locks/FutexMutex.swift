@@ -27,10 +27,9 @@ import CShims
 /// The words (`Words`, at offsets read with `MemoryLayout.offset(of:)`):
 ///
 ///     lock    the core's word, plus `handoff` and `request` (`LockWord`)
-///     heir    `HeirWord`: a sequence that each hand-off bumps (after the
-///             lock word) and bit 0, set while the heir sleeps on this word
-///             and cleared by the unlock that wakes it, so that an unlock
-///             makes a system call for the heir only then
+///     heir    a sequence the heir sleeps on; an unlock that clears
+///             `heirSleeps` in the lock word bumps it and wakes the heir, so
+///             an unlock makes a system call for the heir only then
 ///     slot    `SlotWord`: the heir's place (bit 0) and the number of
 ///             starving threads waiting for it (bits 2–31)
 ///     stamp   the last fair hand-off, in microseconds of the monotonic
@@ -131,11 +130,11 @@ struct FutexMutex {
                 view.isLocked && !view.isHandedOff,
                 "unlock(): the lock is not locked (unbalanced unlock, or unlock before lock)")
             // Not asked, or asked too soon after the last hand-off (the clock
-            // is read only while an heir asks): release as the core does.
-            // An heir asleep then is woken to take the lock if it is free.
+            // is read only while an heir asks): release as the core does,
+            // and wake a sleeping heir to take the lock if it is still free.
             guard view.isRequested && isHandOffDue() else {
-                guard let current = core.release(state) else {
-                    if view.isRequested { wakeHeir(bumping: false) }
+                guard let current = core.release(state, alsoClearing: LockWord.heirSleeps) else {
+                    if view.heirSleeps { wakeHeir() }
                     return
                 }
                 state = current
@@ -143,16 +142,16 @@ struct FutexMutex {
             }
             // The heir's turn: hand the lock over, still locked. Pairs with
             // the heir's acquiring claim of `handoff`.
-            let desired = (state & ~LockWord.request) | LockWord.handoff
+            let desired = (state & ~(LockWord.request | LockWord.heirSleeps)) | LockWord.handoff
             let r = AtomicMemory.compareExchange(expected: state, desired: desired, at: word, ordering: .releasing)
             if !r.exchanged {
                 state = r.original
                 continue
             }
-            // Still ours to write: the heir claims the lock only after the
-            // sequence changes or it sees `handoff`, both after this.
+            // Still ours to write: the heir claims the lock only after it
+            // sees `handoff`, which it reads after being woken or spinning.
             AtomicMemory.store(Self.microstamp(MonotonicClock.now), to: stampWord, ordering: .relaxed)
-            wakeHeir(bumping: true)
+            if view.heirSleeps { wakeHeir() }
             return
         }
     }
@@ -166,30 +165,15 @@ struct FutexMutex {
         return Self.microstamp(MonotonicClock.now) &- last >= interval
     }
 
-    /// Changes the heir word (bumping the sequence after a hand-off, so the
-    /// heir's sleep on the old value is refused) and wakes the heir if it
-    /// sleeps, clearing `sleeping`: one system call per sleep at most.
-    ///
-    /// Called after changing the lock word. A read-modify-write even when
-    /// it changes nothing: the heir sets `sleeping` with one too, and then
-    /// reads the lock word. The two are ordered in the heir word's
-    /// modification order: either ours comes later and sees `sleeping`, or
-    /// the heir's reads from ours (release to acquire) and so sees the lock
-    /// word as we left it. A plain load here could miss a heir that then
-    /// sleeps while the lock is free.
+    /// Wakes the heir, which sleeps on the heir word: an unlock cleared
+    /// `heirSleeps` in the lock word. Bumps the word first, so that a heir
+    /// between reading it and sleeping is refused the sleep.
     @usableFromInline
-    func wakeHeir(bumping: Bool) {
-        var heir = AtomicMemory.orOriginal(0, into: heirWord, ordering: .acquiringAndReleasing)
-        while bumping || HeirWord(heir).heirSleeps {
-            let desired = (heir &+ (bumping ? HeirWord.sequenceUnit : 0)) & ~HeirWord.sleeping
-            let r = AtomicMemory.compareExchange(
-                expected: heir, desired: desired, at: heirWord, ordering: .acquiringAndReleasing)
-            if r.exchanged {
-                if HeirWord(heir).heirSleeps { Futex(heirWord).wake(1) }
-                return
-            }
-            heir = r.original
-        }
+    func wakeHeir() {
+        // Releasing, after the lock word: pairs with the heir's acquiring
+        // load, so a heir that sees the new sequence sees the lock word too.
+        AtomicMemory.increment(heirWord, ordering: .releasing)
+        Futex(heirWord).wake(1)
     }
 
     // MARK: Starving waiters
@@ -289,14 +273,14 @@ struct FutexMutex {
         let futex = Futex(heirWord)
         var round = 0
         while true {
-            // The heir word first, then the lock word: an unlock writes them
-            // in the other order (releasing the heir word).
-            let heir = HeirWord(AtomicMemory.load(from: heirWord, ordering: .acquiring))
+            // The heir word first, then the lock word: an unlock that wakes
+            // the heir writes them in the other order.
+            let sequence = AtomicMemory.load(from: heirWord, ordering: .acquiring)
             let state = AtomicMemory.load(from: word, ordering: .relaxed)
             let view = LockWord(state)
             if view.isHandedOff || !view.isLocked {
                 // Handed over (the lock stays locked) or free: take it.
-                let desired = (state | LockWord.locked) & ~(LockWord.handoff | LockWord.request)
+                let desired = (state | LockWord.locked) & ~(LockWord.handoff | LockWord.request | LockWord.heirSleeps)
                 if AtomicMemory.compareAndSwap(expected: state, desired: desired, at: word, ordering: .acquiring) {
                     return true
                 }
@@ -306,7 +290,8 @@ struct FutexMutex {
                 // Withdraw the request; fails (and we look again) if the lock
                 // was handed over meanwhile.
                 if AtomicMemory.compareAndSwap(
-                    expected: state, desired: state & ~LockWord.request, at: word, ordering: .relaxed)
+                    expected: state, desired: state & ~(LockWord.request | LockWord.heirSleeps), at: word,
+                    ordering: .relaxed)
                 {
                     return false
                 }
@@ -324,18 +309,17 @@ struct FutexMutex {
                 round += 1
                 continue
             }
-            // Announce the sleep in the heir word, then sleep while it is
-            // unchanged (an unlock clears `sleeping`, a hand-off also bumps
-            // the sequence).
-            if !heir.heirSleeps {
-                // A read-modify-write, then the lock word again before the
-                // sleep (see `wakeHeir`).
+            // Announce the sleep in the lock word, in one step with what we
+            // saw there: if an unlock changed the word since, we look again;
+            // if one changes it later, it clears `heirSleeps` and wakes us
+            // (bumping the heir word, so the sleep below is refused if it has
+            // not begun).
+            if !view.heirSleeps {
                 _ = AtomicMemory.compareAndSwap(
-                    expected: heir.rawValue, desired: heir.rawValue | HeirWord.sleeping, at: heirWord,
-                    ordering: .acquiringAndReleasing)
+                    expected: state, desired: state | LockWord.heirSleeps, at: word, ordering: .relaxed)
                 continue
             }
-            _ = futex.wait(expecting: heir.rawValue, until: deadline.isDistantFuture ? nil : deadline)
+            _ = futex.wait(expecting: sequence, until: deadline.isDistantFuture ? nil : deadline)
             round = 0
         }
     }
@@ -406,18 +390,6 @@ struct FutexMutex {
         }
         return 0
     }
-}
-
-/// A typed view of `FutexMutex`'s heir word.
-@usableFromInline
-struct HeirWord {
-    @usableFromInline var rawValue: UInt32
-    @inlinable init(_ rawValue: UInt32) { self.rawValue = rawValue }
-    /// Bit 0: the heir sleeps on the word.
-    @usableFromInline static var sleeping: UInt32 { 1 }
-    /// Bits 1–31: the hand-off sequence.
-    @usableFromInline static var sequenceUnit: UInt32 { 2 }
-    @inlinable var heirSleeps: Bool { rawValue & Self.sleeping != 0 }
 }
 
 /// A typed view of `FutexMutex`'s slot word.

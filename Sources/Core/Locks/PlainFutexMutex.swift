@@ -144,14 +144,15 @@ struct PlainFutexMutex {
     }
 
     /// One attempt to release from `state` (the word as last read): clears
-    /// `locked` and, if set, `parked`, waking one sleeper then. Returns nil
-    /// once released, or the word found instead. Release ordering; keeps the
-    /// bits it does not own. Stops the process if `state` is not locked.
+    /// `locked` and, if set, `parked`, waking one sleeper then; also clears
+    /// `alsoClearing` (a layer's bits, in the same step). Returns nil once
+    /// released, or the word found instead. Release ordering; keeps the bits
+    /// it does not own. Stops the process if `state` is not locked.
     @usableFromInline
-    func release(_ state: UInt32) -> UInt32? {
+    func release(_ state: UInt32, alsoClearing: UInt32 = 0) -> UInt32? {
         require(state & LockWord.locked != 0, "unlock(): the lock is not locked (unbalanced unlock, or unlock before lock)")
         let wake = state & LockWord.parked != 0
-        let desired = state & ~(LockWord.locked | LockWord.parked)
+        let desired = state & ~(LockWord.locked | LockWord.parked | alsoClearing)
         let r = AtomicMemory.compareExchange(expected: state, desired: desired, at: word, ordering: .releasing)
         if !r.exchanged { return r.original }
         if wake { Futex(word).wake(1) }
@@ -204,7 +205,7 @@ struct PlainFutexMutex {
 }
 
 /// A typed view of a mutex word. `PlainFutexMutex` owns bits 0–1;
-/// `FutexMutex` adds bits 2–3; bits 8–31 count the wake-ups that `Condition`
+/// `FutexMutex` adds bits 2–4; bits 8–31 count the wake-ups that `Condition`
 /// defers to its unlock (see `FutexCondition`). 0 is the idle state, and
 /// `locked` alone is "held, nobody waiting": the only state the inlined fast
 /// paths handle.
@@ -213,8 +214,10 @@ struct PlainFutexMutex {
 ///     bit 1     parked    a thread may sleep on the word: the unlock wakes one
 ///     bit 2     handoff   the holder's unlock gave the lock, still locked, to
 ///                         the heir (`FutexMutex`); only the heir claims it
-///     bit 3     request   the heir asks for the lock: the next unlock hands it
-///                         over instead of releasing it
+///     bit 3     request   the heir asks for the lock: an unlock hands it over
+///                         (once the interval is due) instead of releasing it
+///     bit 4     heirSleeps  the heir sleeps on `FutexMutex`'s heir word: the
+///                         unlock that clears this bit wakes it
 ///     bits 8–31 deferred  wake-ups a `Condition` signal left for the unlock
 @usableFromInline
 struct LockWord: Equatable {
@@ -225,6 +228,7 @@ struct LockWord: Equatable {
     @usableFromInline static var parked: UInt32 { 2 }
     @usableFromInline static var handoff: UInt32 { 4 }
     @usableFromInline static var request: UInt32 { 8 }
+    @usableFromInline static var heirSleeps: UInt32 { 16 }
     @usableFromInline static var deferredWake: UInt32 { 1 << 8 }
     @usableFromInline static var deferredMask: UInt32 { ~0xFF }
 
@@ -232,6 +236,7 @@ struct LockWord: Equatable {
     @inlinable var isParked: Bool { rawValue & Self.parked != 0 }
     @inlinable var isHandedOff: Bool { rawValue & Self.handoff != 0 }
     @inlinable var isRequested: Bool { rawValue & Self.request != 0 }
+    @inlinable var heirSleeps: Bool { rawValue & Self.heirSleeps != 0 }
     /// Deferred wake-ups (`Condition`).
     @inlinable var deferredWakes: UInt32 { rawValue >> 8 }
     @inlinable var deferredIsFull: Bool { rawValue & Self.deferredMask == Self.deferredMask }

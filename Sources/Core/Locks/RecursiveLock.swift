@@ -25,7 +25,7 @@ public struct RecursiveLock: Locking, @unchecked Sendable {
         @usableFromInline var depth: Int
     }
 
-    /// Tail elements: the mutex's lock, heir, queue and tenant words.
+    /// Tail elements: the mutex's words (`FutexMutex.Words`).
     @usableFromInline
     final class Storage: ManagedBuffer<Header, UInt32> {}
 
