@@ -192,7 +192,28 @@ public func sideBySide(
         precondition(seen.insert(name).inserted,
                      "benchmark group '\(group)': implementation '\(name)' registered twice")
         let fullName = "\(group)/\(name)" + (implementation.isReference ? referenceMarker : "")
-        Benchmark(fullName, configuration: settings.configuration, closure: implementation.body)
+        // A group that declares `cpuPerOperation` gets it measured around
+        // every implementation's iteration alike, partner threads included.
+        let body = settings.reportedMetrics.contains { $0.name == ReportedMetric.cpuPerOperation.name }
+            ? measuringCPUPerOperation(implementation.body)
+            : implementation.body
+        Benchmark(fullName, configuration: settings.configuration, closure: body)
+    }
+}
+
+/// `body`, with the process's CPU time over each call recorded per scaled
+/// iteration (`Benchmark.recordCPUTimePerOperation`). For bodies whose
+/// operations are the scaled iterations; the two clock readings (a system
+/// call each, under a microsecond) fall outside package-benchmark's own
+/// timing only in part, so rows of thousands of operations per iteration
+/// are what it suits.
+func measuringCPUPerOperation(_ body: @escaping (Benchmark) -> Void) -> (Benchmark) -> Void {
+    { benchmark in
+        let before = ProcessCPUTime.now
+        body(benchmark)
+        let cpu = ProcessCPUTime.now - before
+        let operations = benchmark.scaledIterations.count
+        if operations > 0 { benchmark.recordCPUTimePerOperation(cpu, operations: operations) }
     }
 }
 

@@ -16,21 +16,21 @@ import CShims
 /// sends every unlock to the slow path: the first one at least one interval
 /// after the last hand-off hands the lock over, still locked (`handoff`),
 /// and wakes the heir if it sleeps; the ones before release it and wake the
-/// heir to take it if it is free. So
-/// a thread waits at most the starvation bound, plus one interval and one
-/// critical section per starving thread ahead of it, plus whatever the
-/// scheduler adds before it runs, however often other threads re-take the
-/// lock. Until a waiter starves, nobody is handed anything: a spinning
+/// heir to take it if it is free. So a thread waits at most the starvation
+/// bound, plus one interval and one critical section per starving thread
+/// ahead of it, plus whatever the scheduler adds before it runs, however
+/// often other threads re-take the lock. Until a waiter starves, nobody is handed anything: a spinning
 /// thread takes a lock as soon as it is free, and a fair hand-off to a
 /// sleeping heir happens at most once per interval.
 ///
 /// The words (`Words`, at offsets read with `MemoryLayout.offset(of:)`):
 ///
-///     lock    the core's word, plus `handoff` and `request` (`LockWord`)
+///     lock    the core's word, plus `handoff`, `request` and `heirSleeps`
+///             (`LockWord`)
 ///     heir    a sequence the heir sleeps on; an unlock that clears
 ///             `heirSleeps` in the lock word bumps it and wakes the heir, so
 ///             an unlock makes a system call for the heir only then
-///     slot    `SlotWord`: the heir's place (bit 0) and the number of
+///     slot    `SlotWord`: the heir's place (bits 0–1) and the number of
 ///             starving threads waiting for it (bits 2–31)
 ///     stamp   the last fair hand-off, in microseconds of the monotonic
 ///             clock, truncated to 32 bits (only differences are used)
