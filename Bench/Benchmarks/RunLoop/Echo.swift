@@ -162,7 +162,7 @@ final class SpindleEchoSides: EchoSides {
 
     init(_ kind: EventBackendKind, _ batch: EchoBatch) throws {
         let (fdA, fdB) = (sockets.a, sockets.b)
-        let failed: (LoopSource, DescriptorWatchError) -> Void = { _, error in
+        let failed: @Sendable (LoopSource, DescriptorWatchError) -> Void = { _, error in
             echoFailure("a descriptor source failed: \(error)")
         }
         sourceA = LoopSource(descriptor: fdA, interest: .readable, failed: failed) { source, _ in
