@@ -500,7 +500,9 @@ func printTable(_ groups: [(group: String, rows: [Row])], metric: MetricKind) {
     }
     if allExtras.contains(where: { $0.name == "cpuPerOperation" }) {
         print("cpu ns/op = CPU time of the whole process (every thread, user + system) per operation, median;"
-            + " above the time when more than one thread is busy")
+            + " above the time when more than one thread is busy; for hand-off groups the mean over the run"
+            + " (the kernel counts a running partner's time only at scheduler ticks), so compare it across"
+            + " the rows of its group rather than with the median time")
     }
     if groups.contains(where: { $0.rows.contains { $0.name.columns.contains(MetricKind.timePerOperationName) } }) {
         print("groups with fairness run each iteration for a fixed time; their time is that time"

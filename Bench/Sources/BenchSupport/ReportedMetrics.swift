@@ -41,6 +41,10 @@ import Glibc
 //   picoseconds. For rows where one thread waits for another: a waiter that
 //   spins shows here what its speed costs. BenchReport shows it as a column
 //   beside the time; a row that burns two cores shows about twice its time.
+//   The clock counts another running thread's time only up to its last
+//   scheduler tick (4 ms here), so a short iteration misses a spinning
+//   partner: groups that declare the metric to sideBySide get it as a
+//   running average over the whole run instead (SideBySide.swift).
 
 // - `longestWait`: the longest any one thread went between two of its
 //   acquisitions of the lock in an iteration, in nanoseconds. Counted, not
