@@ -245,7 +245,7 @@ struct FutexCondition {
         }
         AtomicMemory.decrement(waiters, ordering: .relaxed)
         if mayHaveMoved {
-            mutex.core.lockAfterRequeue()
+            mutex.lockAfterRequeue()
         } else {
             mutex.lock()
         }

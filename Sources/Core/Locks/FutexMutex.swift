@@ -120,6 +120,16 @@ struct FutexMutex {
         return lockStarving(until: deadline)
     }
 
+    /// Acquires for a thread a condition's broadcast may have moved onto the
+    /// lock word (see `PlainFutexMutex.lockAfterRequeue`), with the same
+    /// starvation bound as `lock()`. Blocks. Acquire ordering.
+    @usableFromInline
+    func lockAfterRequeue() {
+        let starving = MonotonicClock.now.advanced(by: LockTuning.starvationBound)
+        if core.acquire(until: starving, hasSlept: true) { return }
+        _ = lockStarving(until: .distantFuture)
+    }
+
     @usableFromInline
     @inline(never)
     func unlockContended() {
