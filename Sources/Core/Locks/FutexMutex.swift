@@ -15,8 +15,9 @@ import CShims
 /// place wakes the next. The heir sets `request` in the lock word, which
 /// sends every unlock to the slow path: the first one at least one interval
 /// after the last hand-off hands the lock over, still locked (`handoff`),
-/// and wakes the heir if it sleeps; the ones before release it and wake the
-/// heir to take it if it is free. So a thread waits at most the starvation
+/// and wakes the heir if it sleeps; the ones before release it as the core
+/// does (the heir, if asleep, wakes by itself when the hand-off is due and
+/// takes the lock if it is free). So a thread waits at most the starvation
 /// bound, plus one interval and one critical section per starving thread
 /// ahead of it, plus whatever the scheduler adds before it runs, however
 /// often other threads re-take the lock. Until a waiter starves, nobody is handed anything: a spinning
@@ -27,9 +28,9 @@ import CShims
 ///
 ///     lock    the core's word, plus `handoff`, `request` and `heirSleeps`
 ///             (`LockWord`)
-///     heir    a sequence the heir sleeps on; an unlock that clears
-///             `heirSleeps` in the lock word bumps it and wakes the heir, so
-///             an unlock makes a system call for the heir only then
+///     heir    a sequence the heir sleeps on; the unlock that hands the
+///             lock over and clears `heirSleeps` in the lock word bumps it
+///             and wakes the heir: the only system call made for the heir
 ///     slot    `SlotWord`: the heir's place (bits 0–1) and the number of
 ///             starving threads waiting for it (bits 2–31)
 ///     stamp   the last fair hand-off, in microseconds of the monotonic
@@ -140,13 +141,11 @@ struct FutexMutex {
                 view.isLocked && !view.isHandedOff,
                 "unlock(): the lock is not locked (unbalanced unlock, or unlock before lock)")
             // Not asked, or asked too soon after the last hand-off (the clock
-            // is read only while an heir asks): release as the core does,
-            // and wake a sleeping heir to take the lock if it is still free.
+            // is read only while an heir asks): release as the core does. A
+            // sleeping heir is left asleep: it wakes by itself when the
+            // hand-off is due, in case the lock stays free until then.
             guard view.isRequested && isHandOffDue() else {
-                guard let current = core.release(state, alsoClearing: LockWord.heirSleeps) else {
-                    if view.heirSleeps { wakeHeir() }
-                    return
-                }
+                guard let current = core.release(state) else { return }
                 state = current
                 continue
             }
@@ -173,6 +172,15 @@ struct FutexMutex {
         let interval = UInt32(LockTuning.fairHandoffInterval.nanosecondsSaturating / 1_000)
         let last = AtomicMemory.load(from: stampWord, ordering: .relaxed)
         return Self.microstamp(MonotonicClock.now) &- last >= interval
+    }
+
+    /// When the next hand-off is due: one interval after the last.
+    @usableFromInline
+    func dueInstant() -> MonotonicClock.Instant {
+        let interval = LockTuning.fairHandoffInterval.nanosecondsSaturating / 1_000
+        let now = MonotonicClock.now
+        let since = Int64(Self.microstamp(now) &- AtomicMemory.load(from: stampWord, ordering: .relaxed))
+        return now.advanced(by: .microseconds(max(0, interval - since)))
     }
 
     /// Wakes the heir, which sleeps on the heir word: an unlock cleared
@@ -329,7 +337,12 @@ struct FutexMutex {
                     expected: state, desired: state | LockWord.heirSleeps, at: word, ordering: .relaxed)
                 continue
             }
-            _ = futex.wait(expecting: sequence, until: deadline.isDistantFuture ? nil : deadline)
+            // Until the hand-off is due (then the lock may have been left
+            // free, with nobody to hand it over), or after that until an
+            // unlock hands it over.
+            let due = dueInstant()
+            let wakeAt = MonotonicClock.now < due && due < deadline ? due : deadline
+            _ = futex.wait(expecting: sequence, until: wakeAt.isDistantFuture ? nil : wakeAt)
             round = 0
         }
     }

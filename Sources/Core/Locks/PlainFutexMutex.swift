@@ -144,15 +144,14 @@ struct PlainFutexMutex {
     }
 
     /// One attempt to release from `state` (the word as last read): clears
-    /// `locked` and, if set, `parked`, waking one sleeper then; also clears
-    /// `alsoClearing` (a layer's bits, in the same step). Returns nil once
-    /// released, or the word found instead. Release ordering; keeps the bits
-    /// it does not own. Stops the process if `state` is not locked.
+    /// `locked` and, if set, `parked`, waking one sleeper then. Returns nil
+    /// once released, or the word found instead. Release ordering; keeps the
+    /// bits it does not own. Stops the process if `state` is not locked.
     @usableFromInline
-    func release(_ state: UInt32, alsoClearing: UInt32 = 0) -> UInt32? {
+    func release(_ state: UInt32) -> UInt32? {
         require(state & LockWord.locked != 0, "unlock(): the lock is not locked (unbalanced unlock, or unlock before lock)")
         let wake = state & LockWord.parked != 0
-        let desired = state & ~(LockWord.locked | LockWord.parked | alsoClearing)
+        let desired = state & ~(LockWord.locked | LockWord.parked)
         let r = AtomicMemory.compareExchange(expected: state, desired: desired, at: word, ordering: .releasing)
         if !r.exchanged { return r.original }
         if wake { Futex(word).wake(1) }
@@ -217,7 +216,7 @@ struct PlainFutexMutex {
 ///     bit 3     request   the heir asks for the lock: an unlock hands it over
 ///                         (once the interval is due) instead of releasing it
 ///     bit 4     heirSleeps  the heir sleeps on `FutexMutex`'s heir word: the
-///                         unlock that clears this bit wakes it
+///                         unlock that hands over clears this bit and wakes it
 ///     bits 8–31 deferred  wake-ups a `Condition` signal left for the unlock
 @usableFromInline
 struct LockWord: Equatable {
