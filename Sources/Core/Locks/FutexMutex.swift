@@ -282,10 +282,10 @@ struct FutexMutex {
     }
 
     /// The heir's life: asks for the lock (`request`), takes it if it finds
-    /// it free, spins a little, and sleeps on the heir word until an unlock
-    /// hands it over (at most one interval after the last hand-off) or
-    /// releases it (then it looks again). Returns whether it acquired by
-    /// `deadline`.
+    /// it free, spins a little, and sleeps on the heir word until the
+    /// hand-off is due (one interval after the last; then it looks again, in
+    /// case the lock was left free) and after that until an unlock hands the
+    /// lock over. Returns whether it acquired by `deadline`.
     @usableFromInline
     func serveAsHeir(until deadline: MonotonicClock.Instant) -> Bool {
         let futex = Futex(heirWord)
