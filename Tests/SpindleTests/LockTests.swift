@@ -413,6 +413,31 @@ struct PastDeadlineTests {
             lock.unlock()
         }
     }
+
+    /// A waiter ends its bounded spin asleep on the lock word; after the
+    /// starvation bound it becomes the heir and asks for the lock (`request`
+    /// in the word, the heir's place taken); the holder's unlock hands the
+    /// lock over, and afterwards the word is idle and nobody is left
+    /// starving.
+    @Test func starvingWaiterAsksAndIsHandedTheLock() {
+        let lock = Lock()
+        let value = Guarded()
+        lock.lock()
+        let join = startThread {
+            lock.lock()
+            value.value += 1
+            lock.unlock()
+        }
+        let giveUpAt = MonotonicClock.now.advanced(by: .seconds(10))
+        while lock.wordValue & 8 == 0 && MonotonicClock.now < giveUpAt { usleep(1_000) }
+        #expect(lock.threadsWaitingForTurn == 1, "the waiter starved and became the heir")
+        #expect(lock.wordValue & 0b1011 == 0b1011, "locked, parked (left by the waiter) and requested")
+        lock.unlock()
+        join()
+        #expect(lock.withLock { value.value } == 1)
+        #expect(lock.wordValue == 0)
+        #expect(lock.threadsWaitingForTurn == 0)
+    }
 }
 
 @Suite("SpinLock")

@@ -323,8 +323,11 @@ func broadcastRound<Pair: ConditionPair>(_ pair: Pair, waiters: Int) -> (Benchma
 
 let benchmarks: @Sendable () -> Void = {
     // Hand-offs take microseconds: 1,000 round trips per measured iteration.
+    // One thread waits for another in every one: CPU time per round trip
+    // beside the wall clock, for every implementation.
     let handOffs = RunSettings(
-        scalingFactor: .kilo, maxDuration: .seconds(1), maxIterations: 1_000, warmupIterations: 3)
+        scalingFactor: .kilo, maxDuration: .seconds(1), maxIterations: 1_000, warmupIterations: 3,
+        reportedMetrics: [.cpuPerOperation])
     // A timed wait takes its timeout: one wait per measured iteration.
     let timedWaits = RunSettings(
         scalingFactor: .one, maxDuration: .milliseconds(300), maxIterations: 1_000, warmupIterations: 3)
@@ -363,7 +366,8 @@ let benchmarks: @Sendable () -> Void = {
     sideBySide(
         group: "condition.broadcast round 4 waiters",
         settings: RunSettings(
-            scalingFactor: .kilo, maxDuration: .seconds(1), maxIterations: 1_000, warmupIterations: 1),
+            scalingFactor: .kilo, maxDuration: .seconds(1), maxIterations: 1_000, warmupIterations: 1,
+            reportedMetrics: [.cpuPerOperation]),
         implementations: [
             .init("Spindle.Condition", isReference: false, body: broadcastRound(SpindleConditionPair(), waiters: 4)),
             .init("Spindle.ConditionVariable", isReference: false,

@@ -27,7 +27,11 @@
 // number of operations is what makes fairness measurable: with a fixed count
 // per thread every thread would do the same number of operations by
 // construction. fairness = fewest / most operations of one thread in the
-// window (BenchSupport's `fairness`).
+// window (BenchSupport's `fairness`); longest wait = the most acquisitions by
+// other threads between two of one thread's, times the window's time per
+// operation (BenchSupport's `longestWait`): counted from the shared counter,
+// which each worker reads inside the lock, so that no clock read slows the
+// workers.
 //
 // Placement: the counter, the three flags (check-in, go, stop), each
 // worker's result and every pthread or Synchronization lock sit on cache
@@ -62,10 +66,15 @@ struct ContendedWorkload {
     var workInside: Int = 0
     /// The same, after releasing the lock and before taking it again.
     var workOutside: Int = 0
+    /// Inside the lock, also add one to a random entry of a shared
+    /// `[Int: Int]` of `dictionaryKeys` entries (0: no dictionary): a shared
+    /// structure whose cache lines move with the lock.
+    var dictionaryKeys: Int = 0
 
     /// The group's name: "lock.contended 4 threads", plus the work when any.
     var group: String {
         var name = "lock.contended \(threads) threads"
+        if dictionaryKeys > 0 { name += " dictionary \(dictionaryKeys) keys" }
         if workInside > 0 || workOutside > 0 {
             name += " work \(workInside) in \(workOutside) out"
         }
@@ -81,7 +90,7 @@ struct ContendedWorkload {
             maxDuration: .milliseconds(400),
             maxIterations: 8,
             warmupIterations: 1,
-            reportedMetrics: [.timePerOperation, .fairness]
+            reportedMetrics: [.timePerOperation, .fairness, .longestWait]
         )
     }
 }
@@ -178,13 +187,19 @@ func contendedBody<L: ContendedLock>(_ lock: L, _ workload: ContendedWorkload) -
     let window = workload.window
     let workInside = workload.workInside
     let workOutside = workload.workOutside
+    let keys = workload.dictionaryKeys
     let counter = allocateOnOwnCacheLine(0)
+    // The shared structure (dictionary rows), guarded by the lock.
+    let table = SharedTable(keys: keys)
     let checkedIn = allocateOnOwnCacheLine(Atomic<Int>(0))
     let go = allocateOnOwnCacheLine(Atomic<Bool>(false))
     let stop = allocateOnOwnCacheLine(Atomic<Bool>(false))
-    // One line per worker for its count (and its work's result, kept so the
-    // work is not optimized away).
-    let results = (0..<threads).map { _ in allocateOnOwnCacheLine((operations: 0, sink: UInt64(0))) }
+    // One line per worker for its count, its most bypasses (see
+    // `ReportedMetric.longestWait`) and its work's result (kept so the work
+    // is not optimized away).
+    let results = (0..<threads).map { _ in
+        allocateOnOwnCacheLine((operations: 0, bypasses: 0, sink: UInt64(0)))
+    }
     var pool: WorkerPool?
 
     return { benchmark in
@@ -208,16 +223,26 @@ func contendedBody<L: ContendedLock>(_ lock: L, _ workload: ContendedWorkload) -
             checkedIn.pointee.add(1, ordering: .relaxed)
             while !go.pointee.load(ordering: .relaxed) { sched_yield() }
             var operations = 0
+            var bypasses = 0
+            // The counter's value at this thread's last acquisition (-1: at
+            // "go", so the first wait counts too).
+            var last = -1
             var sink = UInt64(truncatingIfNeeded: index)
             while !stop.pointee.load(ordering: .relaxed) {
-                lock.locked {
-                    counter.pointee &+= 1
+                let ticket = lock.locked {
+                    let ticket = counter.pointee
+                    counter.pointee = ticket &+ 1
+                    if keys > 0 { table.add(to: Int(truncatingIfNeeded: sink % UInt64(keys))) }
                     if workInside > 0 { sink = spinWork(workInside, sink) }
+                    return ticket
                 }
+                bypasses = max(bypasses, ticket &- last &- 1)
+                last = ticket
                 operations &+= 1
+                if keys > 0 { sink = sink &* 6_364_136_223_846_793_005 &+ 1 }
                 if workOutside > 0 { sink = spinWork(workOutside, sink) }
             }
-            results[index].pointee = (operations, sink)
+            results[index].pointee = (operations, bypasses, sink)
         }, during: {
             while checkedIn.pointee.load(ordering: .relaxed) < threads { sched_yield() }
             begin = clock.now
@@ -238,7 +263,26 @@ func contendedBody<L: ContendedLock>(_ lock: L, _ workload: ContendedWorkload) -
         guard total > 0 else { return }
         benchmark.recordTimePerOperation(elapsed: end - begin, operations: total)
         benchmark.recordFairness(operationsPerThread: counts)
+        let mostBypasses = results.map(\.pointee.bypasses).max() ?? 0
+        benchmark.recordLongestWait((end - begin) * (Double(mostBypasses + 1) / Double(total)))
         for result in results { Benchmark.blackHole(result.pointee.sink) }
+    }
+}
+
+/// The shared structure of the dictionary rows: a `[Int: Int]` that only
+/// code holding the group's lock touches.
+final class SharedTable: @unchecked Sendable {
+    // @unchecked: `entries` is only touched under the lock being measured.
+    private var entries: [Int: Int]
+
+    init(keys: Int) {
+        entries = Dictionary(minimumCapacity: keys)
+        for key in 0..<keys { entries[key] = 0 }
+    }
+
+    /// Adds one to `key`'s entry. Call holding the lock.
+    func add(to key: Int) {
+        entries[key, default: 0] &+= 1
     }
 }
 

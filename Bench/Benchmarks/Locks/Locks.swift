@@ -313,17 +313,25 @@ let benchmarks: @Sendable () -> Void = {
 
     // MARK: Contended throughput and fairness
 
-    // The bare counter at each N, then two mixes nearer real code at 4
-    // threads: about 30 ns of work inside the lock and 300 ns outside (20 and
-    // 200 rounds of spinWork), where threads contend without queueing all
-    // the time; and about 8 ns inside and 30 ns outside (5 and 20 rounds),
-    // where the lock is held a third of the time or more and two running
-    // threads collide on most operations.
-    let workloads = [2, 4, 8, 16].map { ContendedWorkload(threads: $0) }
-        + [
-            ContendedWorkload(threads: 4, workInside: 20, workOutside: 200),
-            ContendedWorkload(threads: 4, workInside: 5, workOutside: 20),
-        ]
+    // The bare counter at each N; then mixes nearer real code at each N:
+    // about 30 ns of work inside the lock and 300 ns outside (20 and 200
+    // rounds of spinWork), where threads contend without queueing all the
+    // time, and about 160 ns inside and 1.6 µs outside (100 and 1000), a
+    // critical section that does real work; about 8 ns inside and 30 ns
+    // outside (5 and 20 rounds) at 4 threads, where the lock is held a third
+    // of the time or more and two running threads collide on most
+    // operations; and a shared structure: a `[Int: Int]` of 1,024 entries
+    // updated under the lock, with 200 rounds outside.
+    let threadCounts = [2, 4, 8, 16]
+    let workloads = threadCounts.map { ContendedWorkload(threads: $0) }
+        + threadCounts.flatMap { threads in
+            [
+                ContendedWorkload(threads: threads, workInside: 20, workOutside: 200),
+                ContendedWorkload(threads: threads, workInside: 100, workOutside: 1000),
+            ]
+        }
+        + [ContendedWorkload(threads: 4, workInside: 5, workOutside: 20)]
+        + [4, 16].map { ContendedWorkload(threads: $0, workOutside: 200, dictionaryKeys: 1024) }
     for workload in workloads {
         sideBySide(
             group: workload.group,

@@ -26,7 +26,7 @@
 //
 // Declared metrics: `timePerOperation` (picoseconds per operation, measured by
 // a benchmark whose iteration runs for a fixed time) replaces the wall clock
-// divided by N for its rows; the others (`fairness`, `cpuPerOperation`,
+// divided by N for its rows; the others (`fairness`, `cpuPerOperation`, `longestWait`,
 // `mallocCountTotal`, `mallocBytesCount`) become extra columns of their
 // group, after the ratio.
 
@@ -96,6 +96,9 @@ struct MetricKind {
     var column: String? = nil
     /// Larger is better (fairness): the column shows the worst iteration too.
     var prefersLarger = false
+    /// Nanoseconds shown in µs as the median and the range over iterations
+    /// (longestWait).
+    var showsRangeInMicroseconds = false
 
     var unit: String {
         switch scaling {
@@ -137,6 +140,9 @@ struct MetricKind {
         MetricKind(
             name: "cpuPerOperation", jmhKey: "cpuPerOperation", scaling: .picosecondsPerOperation,
             isDeclaredOnly: true, column: "cpu ns/op"),
+        MetricKind(
+            name: "longestWait", jmhKey: "longestWait", scaling: .unscaled, isDeclaredOnly: true,
+            column: "longest wait µs (range)", showsRangeInMicroseconds: true),
     ]
 
     /// The metric whose values stand for the wall clock in rows that declare it.
@@ -403,7 +409,10 @@ func padded(_ text: String, _ width: Int, right: Bool = true) -> String {
 /// The text of an extra column's cell: the median, and for a metric where
 /// larger is better the worst iteration in parentheses.
 func columnCell(_ kind: MetricKind, _ values: Values) -> String {
-    kind.prefersLarger
+    if kind.showsRangeInMicroseconds {
+        return "\(formatted(values.median / 1e3)) (\(formatted(values.min / 1e3))–\(formatted(values.max / 1e3)))"
+    }
+    return kind.prefersLarger
         ? "\(formatted(values.median)) (\(formatted(values.min)))"
         : formatted(values.median)
 }
@@ -480,6 +489,10 @@ func printTable(_ groups: [(group: String, rows: [Row])], metric: MetricKind) {
         print("fairness = fewest / most operations of one thread in a measured iteration (1: equal shares);"
             + " median, worst iteration in parentheses")
     }
+    if allExtras.contains(where: { $0.name == "longestWait" }) {
+        print("longest wait = the most other threads' acquisitions between two of one thread's, times the"
+            + " iteration's time per operation, in µs; median over iterations, range in parentheses")
+    }
     if allExtras.contains(where: { $0.name == "mallocCountTotal" || $0.name == "mallocBytesCount" }) {
         print("mallocs/op, bytes/op = allocations and bytes requested from malloc per operation"
             + " (package-benchmark's count; malloc's header and rounding not included, except"
@@ -487,7 +500,9 @@ func printTable(_ groups: [(group: String, rows: [Row])], metric: MetricKind) {
     }
     if allExtras.contains(where: { $0.name == "cpuPerOperation" }) {
         print("cpu ns/op = CPU time of the whole process (every thread, user + system) per operation, median;"
-            + " above the time when more than one thread is busy")
+            + " above the time when more than one thread is busy; for hand-off groups the mean over the run"
+            + " (the kernel counts a running partner's time only at scheduler ticks), so compare it across"
+            + " the rows of its group rather than with the median time")
     }
     if groups.contains(where: { $0.rows.contains { $0.name.columns.contains(MetricKind.timePerOperationName) } }) {
         print("groups with fairness run each iteration for a fixed time; their time is that time"

@@ -41,6 +41,21 @@ import Glibc
 //   picoseconds. For rows where one thread waits for another: a waiter that
 //   spins shows here what its speed costs. BenchReport shows it as a column
 //   beside the time; a row that burns two cores shows about twice its time.
+//   The clock counts another running thread's time only up to its last
+//   scheduler tick (4 ms here), so a short iteration misses a spinning
+//   partner: groups that declare the metric to sideBySide get it as a
+//   running average over the whole run instead (SideBySide.swift).
+
+// - `longestWait`: the longest any one thread went between two of its
+//   acquisitions of the lock in an iteration, in nanoseconds. Counted, not
+//   timed, so that no clock read slows the workers: each worker reads the
+//   shared counter inside the lock (which it increments anyway) and keeps the
+//   most acquisitions by other threads between two of its own (the
+//   "bypasses"); the iteration's most, times its mean time per operation, is
+//   the time. It includes one critical section and one stretch of work
+//   outside, and any time the scheduler kept the thread off the CPU: a
+//   thread kept out by barging threads, or by the scheduler, shows here.
+//   BenchReport shows the median over iterations and their range.
 
 /// A metric that a group measures and BenchReport prints for it.
 public struct ReportedMetric {
@@ -80,6 +95,13 @@ public struct ReportedMetric {
             metric: .custom("cpuPerOperation", polarity: .prefersSmaller, useScalingFactor: false))
     }
 
+    /// The longest gap between two acquisitions of one thread, in
+    /// nanoseconds; see `Benchmark.recordLongestWait(_:)`.
+    public static var longestWait: ReportedMetric {
+        ReportedMetric(
+            name: "longestWait", metric: .custom("longestWait", polarity: .prefersSmaller, useScalingFactor: false))
+    }
+
     /// Allocations per operation, counted by package-benchmark.
     public static var mallocCount: ReportedMetric {
         ReportedMetric(name: "mallocCountTotal", metric: .mallocCountTotal)
@@ -116,6 +138,14 @@ extension Benchmark {
         let (seconds, attoseconds) = cpu.components
         let picoseconds = Double(seconds) * 1e12 + Double(attoseconds) / 1e6
         measurement(ReportedMetric.cpuPerOperation.metric, Int((picoseconds / Double(operations)).rounded()))
+    }
+
+    /// Records the longest time any thread of one iteration went between
+    /// two of its acquisitions (see `longestWait`): the `longestWait`
+    /// metric, in nanoseconds. Does nothing during warm-up iterations.
+    public func recordLongestWait(_ wait: Duration) {
+        let (seconds, attoseconds) = wait.components
+        measurement(ReportedMetric.longestWait.metric, Int(seconds) * 1_000_000_000 + Int(attoseconds / 1_000_000_000))
     }
 
     /// Records how evenly the threads of one iteration shared the work: the

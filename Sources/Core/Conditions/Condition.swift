@@ -63,15 +63,14 @@
 public struct Condition: Locking, @unchecked Sendable {
     // @unchecked: the storage is only touched through atomics on its words.
 
-    /// Owns the words: the lock's queue and tenant words (UInt32 at 0 and 4),
-    /// the lock word (UInt32 at 8), the lock's heir word (UInt32 at 12) and
-    /// the condition's words (from 16).
+    /// Owns the words: the lock's (`FutexMutex.Words`, at 0) and the
+    /// condition's (right after them).
     @usableFromInline
     final class Storage {
         @usableFromInline let base: UnsafeMutableRawPointer
         init() {
-            base = allocateStableWords(byteCount: 16 + FutexCondition.byteCount)
-            FutexCondition.initialize(at: base + 16)
+            base = allocateStableWords(byteCount: Condition.conditionOffset + FutexCondition.byteCount)
+            FutexCondition.initialize(at: base + Condition.conditionOffset)
         }
         deinit { base.deallocate() }
     }
@@ -83,17 +82,15 @@ public struct Condition: Locking, @unchecked Sendable {
         storage = Storage()
     }
 
+    /// Where the condition's words begin: after the lock's, 8-byte aligned.
     @inlinable
-    var mutex: FutexMutex {
-        FutexMutex(
-            word: (storage.base + 8).assumingMemoryBound(to: UInt32.self),
-            heirWord: (storage.base + 12).assumingMemoryBound(to: UInt32.self),
-            queueWord: storage.base.assumingMemoryBound(to: UInt32.self),
-            tenantWord: (storage.base + 4).assumingMemoryBound(to: UInt32.self))
-    }
+    static var conditionOffset: Int { (MemoryLayout<FutexMutex.Words>.size + 7) & ~7 }
 
     @inlinable
-    var queue: FutexCondition { FutexCondition(base: storage.base + 16) }
+    var mutex: FutexMutex { FutexMutex(at: storage.base) }
+
+    @inlinable
+    var queue: FutexCondition { FutexCondition(base: storage.base + Self.conditionOffset) }
 
     /// The raw lock word, for tests and diagnostics: 0 when idle.
     public var lockWordValue: UInt32 { AtomicMemory.load(from: mutex.word, ordering: .relaxed) }
@@ -142,7 +139,7 @@ public struct Condition: Locking, @unchecked Sendable {
     public func wait(until deadline: MonotonicClock.Instant) -> Bool {
         let mutex = self.mutex
         require(
-            AtomicMemory.load(from: mutex.word, ordering: .relaxed) & FutexMutex.locked != 0,
+            AtomicMemory.load(from: mutex.word, ordering: .relaxed) & LockWord.locked != 0,
             "Condition.wait: the condition is not locked; lock it, test the predicate, then wait")
         if !deadline.isDistantFuture && MonotonicClock.now >= deadline { return false }
         return queue.wait(releasing: mutex, flushingWakes: true, until: deadline)

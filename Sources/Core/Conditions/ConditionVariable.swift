@@ -90,7 +90,7 @@ public struct ConditionVariable: @unchecked Sendable {
             pair(with: lock)
         }
         require(
-            AtomicMemory.load(from: lock.mutex.word, ordering: .relaxed) & FutexMutex.locked != 0,
+            AtomicMemory.load(from: lock.mutex.word, ordering: .relaxed) & LockWord.locked != 0,
             "ConditionVariable.wait(releasing:): `lock` is not locked; lock it, test the predicate, then wait")
         if !deadline.isDistantFuture && MonotonicClock.now >= deadline { return false }
         return queue.wait(releasing: lock.mutex, flushingWakes: false, until: deadline)

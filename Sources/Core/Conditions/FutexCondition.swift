@@ -3,7 +3,7 @@
 /// addresses. The mutex a waiter releases is a `FutexMutex`; see `Condition`
 /// for the contract.
 ///
-/// The words (`byteCount` bytes from an 8-byte aligned base):
+/// The words (`Words`, from an 8-byte aligned base):
 ///
 ///     sequence    UInt32  the futex word. Every signal and broadcast that finds
 ///                         a waiter adds one. A waiter reads it while it still
@@ -38,9 +38,10 @@
 /// signal usually comes from the thread holding the lock, and a sleeper woken
 /// at once would only run into that lock (on a busy machine, preempting the
 /// signaller to do so). So `signalDeferring(to:)` leaves the wake-up in the
-/// mutex word's bits 8–31 while the mutex is locked, and the unlock that
-/// releases it (`unlockFlushingWakes`) makes the wake call after releasing.
-/// `FutexMutex` keeps bits it does not know through all its transitions.
+/// mutex word's bits 8–31 while the mutex is locked (`FutexMutex.deferWake`),
+/// and the unlock that releases it (`unlockFlushingWakes`) makes the wake
+/// call after releasing. The mutex owns the word and its layout (`LockWord`);
+/// this type only calls it.
 @usableFromInline
 struct FutexCondition {
     @usableFromInline let sequence: UnsafeMutablePointer<UInt32>
@@ -49,12 +50,22 @@ struct FutexCondition {
     @usableFromInline let spin: AdaptiveSpin
     @usableFromInline let broadcasts: UnsafeMutablePointer<UInt64>
 
-    /// The bytes of words a condition needs, laid out from an 8-byte aligned base.
-    static var byteCount: Int { 24 }
+    /// The layout of a condition's words, from an 8-byte aligned base.
+    @usableFromInline
+    struct Words {
+        @usableFromInline var sequence: UInt32
+        @usableFromInline var waiters: UInt32
+        @usableFromInline var sleepers: UInt32
+        @usableFromInline var spin: UInt32
+        @usableFromInline var broadcasts: UInt64
+    }
+
+    /// The bytes of words a condition needs.
+    static var byteCount: Int { MemoryLayout<Words>.size }
 
     /// Sets up the words of a new condition at `base` (zeroed memory).
     static func initialize(at base: UnsafeMutableRawPointer) {
-        (base + 12).storeBytes(of: AdaptiveSpin.initialPolls, as: UInt32.self)
+        (base + MemoryLayout<Words>.offset(of: \.spin)!).storeBytes(of: AdaptiveSpin.initialPolls, as: UInt32.self)
     }
 
     /// One broadcast begun and in flight, in `broadcasts`.
@@ -62,18 +73,16 @@ struct FutexCondition {
     /// The in-flight half of `broadcasts`.
     @usableFromInline static var inFlightMask: UInt64 { 0xFFFF_FFFF }
 
-    /// One deferred wake-up, in the mutex word (`Condition` only).
-    @usableFromInline static var deferredWake: UInt32 { 1 << 8 }
-    /// The deferred wake-ups' bits of the mutex word.
-    @usableFromInline static var deferredWakeMask: UInt32 { ~0xFF }
-
     @inlinable
     init(base: UnsafeMutableRawPointer) {
-        sequence = base.assumingMemoryBound(to: UInt32.self)
-        waiters = (base + 4).assumingMemoryBound(to: UInt32.self)
-        sleepers = (base + 8).assumingMemoryBound(to: UInt32.self)
-        spin = AdaptiveSpin((base + 12).assumingMemoryBound(to: UInt32.self))
-        broadcasts = (base + 16).assumingMemoryBound(to: UInt64.self)
+        func word<T>(_ field: KeyPath<Words, T>) -> UnsafeMutablePointer<T> {
+            (base + MemoryLayout<Words>.offset(of: field)!).assumingMemoryBound(to: T.self)
+        }
+        sequence = word(\.sequence)
+        waiters = word(\.waiters)
+        sleepers = word(\.sleepers)
+        spin = AdaptiveSpin(word(\.spin))
+        broadcasts = word(\.broadcasts)
     }
 
     /// Whether any thread is inside `wait` (a snapshot). Acquiring: pairs with
@@ -131,7 +140,7 @@ struct FutexCondition {
     @inline(never)
     func moveOne(onto mutex: FutexMutex) {
         // Not locked: there is no unlock to wait for.
-        if AtomicMemory.load(from: mutex.word, ordering: .relaxed) & FutexMutex.locked == 0 {
+        if !LockWord(AtomicMemory.load(from: mutex.word, ordering: .relaxed)).isLocked {
             wakeOne()
             return
         }
@@ -143,24 +152,12 @@ struct FutexCondition {
             expected = AtomicMemory.load(from: sequence, ordering: .relaxed)
         }
         AtomicMemory.add(UInt64.max, to: broadcasts, ordering: .sequentiallyConsistent)  // one fewer in flight
-        // Now make sure somebody wakes the moved thread: if the mutex is
-        // locked, its unlock must find `parked` (set it, even if an unlock
-        // cleared it since); if it is free, wake a sleeper of it now. Either
-        // way the woken thread takes the mutex as a sleeper does, setting
-        // `parked` again for any other thread left on the word.
-        var state = AtomicMemory.load(from: mutex.word, ordering: .sequentiallyConsistent)
-        while true {
-            if state & FutexMutex.locked == 0 {
-                Futex(mutex.word).wake(1)
-                return
-            }
-            if state & FutexMutex.parked != 0 { return }
-            let r = AtomicMemory.compareExchange(
-                expected: state, desired: state | FutexMutex.parked, at: mutex.word,
-                ordering: .sequentiallyConsistent)
-            if r.exchanged { return }
-            state = r.original
-        }
+        // Now make sure somebody wakes the moved thread: the mutex's unlock if
+        // it is locked (`parked` set, even if an unlock cleared it since),
+        // else we, now. Either way the woken thread takes the mutex as a
+        // sleeper does, setting `parked` again for any other thread left on
+        // the word.
+        if !mutex.core.markParkedIfLocked() { mutex.core.wakeOne() }
     }
 
     /// Leaves one wake-up in the word of `mutex` if it is locked; wakes now if
@@ -168,61 +165,21 @@ struct FutexCondition {
     @usableFromInline
     @inline(never)
     func deferWake(_ mutex: FutexMutex) {
-        var state = AtomicMemory.load(from: mutex.word, ordering: .relaxed)
-        while state & FutexMutex.locked != 0 && state & Self.deferredWakeMask != Self.deferredWakeMask {
-            // Relaxed: the wake-up carries no data (the lock publishes the
-            // predicate); the unlocker only has to see the count, and it
-            // takes it with a read-modify-write of this same word.
-            let r = AtomicMemory.compareExchange(
-                expected: state, desired: state &+ Self.deferredWake, at: mutex.word, ordering: .relaxed)
-            if r.exchanged { return }
-            state = r.original
-        }
-        wakeOne()
+        if !mutex.deferWake() { wakeOne() }
     }
 
     /// Releases `mutex`, then makes the wake calls that signals left in its
     /// word. The fast path is `FutexMutex.unlock`'s: one compare-and-swap.
     @inlinable
     func unlockFlushingWakes(_ mutex: FutexMutex) {
-        // Releasing: pairs with the acquiring CAS of the next holder.
-        if !AtomicMemory.compareAndSwap(expected: FutexMutex.locked, desired: 0, at: mutex.word, ordering: .releasing) {
-            unlockFlushingWakesContended(mutex)
-        }
+        let wakes = mutex.unlockTakingDeferredWakes()
+        if wakes != 0 { wake(Int(wakes)) }
     }
 
     @usableFromInline
     @inline(never)
-    func unlockFlushingWakesContended(_ mutex: FutexMutex) {
-        var wakes: UInt32 = 0
-        // Take the count out while still holding the lock...
-        var state = AtomicMemory.load(from: mutex.word, ordering: .relaxed)
-        while state & Self.deferredWakeMask != 0 && state & FutexMutex.locked != 0 {
-            let r = AtomicMemory.compareExchange(
-                expected: state, desired: state & ~Self.deferredWakeMask, at: mutex.word, ordering: .relaxed)
-            if r.exchanged {
-                wakes += state >> 8
-                break
-            }
-            state = r.original
-        }
-        // ...release it (FutexMutex's unlock; it also stops the process if
-        // the mutex was not locked)...
-        mutex.unlock()
-        // ...and collect what signals deferred after the count was taken but
-        // before the release. Once the mutex is free nobody else will: the
-        // next holder would, but there may be none.
-        state = AtomicMemory.load(from: mutex.word, ordering: .relaxed)
-        while state & Self.deferredWakeMask != 0 && state & FutexMutex.locked == 0 {
-            let r = AtomicMemory.compareExchange(
-                expected: state, desired: state & ~Self.deferredWakeMask, at: mutex.word, ordering: .relaxed)
-            if r.exchanged {
-                wakes += state >> 8
-                break
-            }
-            state = r.original
-        }
-        if wakes != 0 { Futex(sequence).wake(Int(wakes)) }
+    func wake(_ count: Int) {
+        Futex(sequence).wake(count)
     }
 
     // MARK: Broadcast
@@ -245,9 +202,8 @@ struct FutexCondition {
         // a waiter that overlaps it sees one or the other (see `sleep`).
         AtomicMemory.add(Self.broadcastBegun, to: broadcasts, ordering: .sequentiallyConsistent)
         // The moved threads will sleep on the mutex word: make its next unlock
-        // wake one. (`parked` on an unlocked word is a state FutexMutex
-        // accepts: the next locker keeps the bit.)
-        AtomicMemory.or(FutexMutex.parked, into: mutex.word, ordering: .sequentiallyConsistent)
+        // wake one (on an unlocked word, the next locker keeps the bit).
+        mutex.core.markParked()
         let condition = Futex(sequence)
         let target = Futex(mutex.word)
         // Wake one, so that somebody will take the mutex even if nobody holds
@@ -275,9 +231,6 @@ struct FutexCondition {
         // us is ordered after it by the lock; one that does not is not waited for.
         let observed = AtomicMemory.load(from: sequence, ordering: .relaxed)
         AtomicMemory.increment(waiters, ordering: .sequentiallyConsistent)
-        // A tenant that blocks here would keep the threads queued for the
-        // mutex waiting for their turn: it gives the tenure up.
-        if AtomicMemory.load(from: mutex.tenantWord, ordering: .relaxed) != 0 { mutex.resignTenure() }
         if flushingWakes {
             unlockFlushingWakes(mutex)
         } else {

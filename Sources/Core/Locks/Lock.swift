@@ -27,26 +27,20 @@
 /// - Contended, a thread spins briefly (only while nobody is asleep on the
 ///   lock, so an oversubscribed machine does not burn its cores), then sleeps
 ///   in the kernel (`futex(FUTEX_WAIT_BITSET)`) until an `unlock` wakes it.
-/// - Eventually fair, fast either way. While the lock is not busy it goes to
-///   whichever thread grabs it first (the fastest policy). A waiter that
-///   loses it to a barging thread becomes the lock's heir: each unlock wakes
-///   it to try again, and at the latest one `fairnessInterval` after the
-///   lock's last turn the holder's `unlock` hands the lock to it. If the heir
-///   then finds the lock saturated, it becomes the lock's tenant: the other
-///   threads that reach the slow path sleep in a FIFO queue instead of
-///   fighting for the lock word, and every interval the lock passes to the
-///   next thread in the queue (see `FutexMutex`). A turn needs the next
-///   thread in line to get a CPU on time; with more runnable threads than
-///   CPUs the scheduler decides that, and shares can be uneven (the README
-///   has the measurements). A tenant that waits on a `Condition` or
-///   `ConditionVariable` gives up its tenure first.
+/// - Bounded waiting, fast either way. The lock goes to whichever thread
+///   grabs it first (the fastest policy), but a thread that has waited
+///   about a millisecond is starving: starving threads are handed the lock
+///   one at a time, in arrival order, at most one hand-off per
+///   `fairnessInterval`, however often other threads re-take it (see
+///   `FutexMutex`). With more runnable threads than CPUs, the scheduler
+///   adds its own delays to the bound.
 /// - Never changes the caller's scheduling: no lock path sets a thread's
 ///   affinity or priority or calls `sched_yield`; waiting is a bounded spin,
 ///   then a futex sleep.
 /// - Deadlines on the monotonic clock (`lock(before:)`, `lock(timeout:)`).
 ///
 /// `Lock` is a handle: copies share one lock. The lock word lives in a
-/// 32-byte heap object (the lock, heir, queue and tenant words;
+/// 32-byte heap object (the lock, heir, slot and stamp words;
 /// one 48-byte glibc malloc block; `NSLock` takes two allocations, 80 bytes
 /// requested) that never moves.
 ///
@@ -59,40 +53,34 @@
 public struct Lock: Locking, @unchecked Sendable {
     // @unchecked: the storage is only touched through atomics on its words.
 
-    /// How long a waiting thread waits, once it is next in line (the heir),
-    /// before the lock is handed to it; and so how long one thread keeps a
-    /// saturated lock before it passes to the next.
-    public static var fairnessInterval: Duration { FutexMutex.fairnessInterval }
+    /// The least time between two hand-offs of the lock to a starving
+    /// thread (one that has waited about a millisecond).
+    public static var fairnessInterval: Duration { LockTuning.fairHandoffInterval }
 
     @usableFromInline
     final class Storage: ManagedBuffer<Void, UInt32> {}
-    // No header; four tail elements: the lock, heir, queue and tenant words
-    // (see `FutexMutex`). 16 (object header) + 4 × 4 = 32 bytes on the heap.
+    // No header; tail elements: `FutexMutex.Words`.
+    // 16 (object header) + 4 × 4 = 32 bytes on the heap.
 
     @usableFromInline let storage: Storage
     @usableFromInline let mutex: FutexMutex
 
     /// A new, unlocked lock.
     public init() {
-        let buffer = Storage.create(minimumCapacity: 4) { _ in }
+        let buffer = Storage.create(minimumCapacity: FutexMutex.wordCount) { _ in }
         storage = unsafeDowncast(buffer, to: Storage.self)
         let words = storage.withUnsafeMutablePointerToElements { $0 }
-        words.initialize(repeating: 0, count: 4)
+        words.initialize(repeating: 0, count: FutexMutex.wordCount)
         mutex = FutexMutex(words: words)
     }
 
     /// The raw lock word, for tests and diagnostics: 0 when idle.
     package var wordValue: UInt32 { AtomicMemory.load(from: mutex.word, ordering: .relaxed) }
 
-    /// For tests and diagnostics: the threads waiting for a turn off the lock
-    /// word (queued behind a tenant, or the heir); 0 when nobody waits.
+    /// For tests and diagnostics: the starving threads waiting for a
+    /// hand-off off the lock word (the heir included); 0 when nobody waits.
     /// Never blocks; a relaxed snapshot that orders nothing.
     package var threadsWaitingForTurn: Int { mutex.threadsWaitingForTurn }
-
-    /// For tests and diagnostics: whether some thread holds the lock's
-    /// tenure (see above), so that other threads that find it held queue for
-    /// a turn. Never blocks; a relaxed snapshot that orders nothing.
-    package var hasTenant: Bool { AtomicMemory.load(from: mutex.tenantWord, ordering: .relaxed) != 0 }
 
     /// Acquires the lock, sleeping while another thread holds it.
     /// Blocks. Acquire ordering. Deadlocks if the caller already holds it.

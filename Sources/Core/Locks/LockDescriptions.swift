@@ -8,8 +8,8 @@ extension Lock: CustomStringConvertible {
     /// other threads wait for it.
     public var description: String {
         let word = AtomicMemory.load(from: mutex.word, ordering: .relaxed)
-        guard word & FutexMutex.locked != 0 else { return "Lock(unlocked)" }
-        let contended = word & FutexMutex.parked != 0 || mutex.threadsWaitingForTurn > 0
+        guard word & LockWord.locked != 0 else { return "Lock(unlocked)" }
+        let contended = word & LockWord.parked != 0 || mutex.threadsWaitingForTurn > 0
         return contended ? "Lock(locked, contended)" : "Lock(locked)"
     }
 }
@@ -20,7 +20,7 @@ extension RecursiveLock: CustomStringConvertible {
     public var description: String {
         if isHeldByCurrentThread { return "RecursiveLock(locked by the calling thread)" }
         let word = AtomicMemory.load(from: core.mutex.word, ordering: .relaxed)
-        return word & FutexMutex.locked != 0 ? "RecursiveLock(locked)" : "RecursiveLock(unlocked)"
+        return word & LockWord.locked != 0 ? "RecursiveLock(locked)" : "RecursiveLock(unlocked)"
     }
 }
 

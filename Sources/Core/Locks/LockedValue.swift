@@ -42,8 +42,8 @@ public struct LockedValue<Value>: @unchecked Sendable {
     // `sending` value, as `Synchronization.Mutex` does; the lock words are
     // only touched through atomics.
 
-    /// The value (the header) and the lock, heir, queue and tenant words (four
-    /// tail elements; see `FutexMutex`), in one heap object that never moves.
+    /// The value (the header) and the lock's words (tail elements:
+    /// `FutexMutex.Words`), in one heap object that never moves.
     @usableFromInline
     final class Storage: ManagedBuffer<Value, UInt32> {}
 
@@ -51,9 +51,9 @@ public struct LockedValue<Value>: @unchecked Sendable {
 
     /// A value guarded by a new, unlocked lock. Never blocks.
     public init(_ initialValue: consuming sending Value) {
-        let buffer = Storage.create(minimumCapacity: 4) { [initialValue] _ in initialValue }
+        let buffer = Storage.create(minimumCapacity: FutexMutex.wordCount) { [initialValue] _ in initialValue }
         storage = unsafeDowncast(buffer, to: Storage.self)
-        storage.withUnsafeMutablePointerToElements { $0.initialize(repeating: 0, count: 4) }
+        storage.withUnsafeMutablePointerToElements { $0.initialize(repeating: 0, count: FutexMutex.wordCount) }
     }
 
     /// For tests: the raw lock word, 0 when idle. Never blocks; a relaxed
@@ -144,7 +144,7 @@ extension LockedValue: CustomStringConvertible {
     /// `LockedValue<Int>(unlocked)`. The value is not shown: reading it would
     /// take the lock. Never blocks; a relaxed snapshot that orders nothing.
     public var description: String {
-        let held = AtomicMemory.load(from: mutex.word, ordering: .relaxed) & FutexMutex.locked != 0
+        let held = AtomicMemory.load(from: mutex.word, ordering: .relaxed) & LockWord.locked != 0
         return "LockedValue<\(Value.self)>(\(held ? "locked" : "unlocked"))"
     }
 }

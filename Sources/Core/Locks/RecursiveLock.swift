@@ -25,7 +25,7 @@ public struct RecursiveLock: Locking, @unchecked Sendable {
         @usableFromInline var depth: Int
     }
 
-    /// Tail elements: the mutex's lock, heir, queue and tenant words.
+    /// Tail elements: the mutex's words (`FutexMutex.Words`).
     @usableFromInline
     final class Storage: ManagedBuffer<Header, UInt32> {}
 
@@ -34,10 +34,10 @@ public struct RecursiveLock: Locking, @unchecked Sendable {
 
     /// A new, unlocked recursive lock.
     public init() {
-        let buffer = Storage.create(minimumCapacity: 4) { _ in Header(owner: 0, depth: 0) }
+        let buffer = Storage.create(minimumCapacity: FutexMutex.wordCount) { _ in Header(owner: 0, depth: 0) }
         storage = unsafeDowncast(buffer, to: Storage.self)
         let words = storage.withUnsafeMutablePointerToElements { $0 }
-        words.initialize(repeating: 0, count: 4)
+        words.initialize(repeating: 0, count: FutexMutex.wordCount)
         let header = storage.withUnsafeMutablePointerToHeader { UnsafeMutableRawPointer($0) }
         core = RecursiveMutex(
             words: words,

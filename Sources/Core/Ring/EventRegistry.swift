@@ -50,7 +50,7 @@ package final class EventRegistry: @unchecked Sendable {
     /// The kernel interface.
     package let backend: any EventBackend
     let wakeState = LoopWakeState()
-    private let lock = Lock()
+    private let lock = GuardLock()
 
     private struct Registration {
         let fd: Int32

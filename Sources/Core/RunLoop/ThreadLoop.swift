@@ -61,7 +61,7 @@ public final class ThreadLoop: @unchecked Sendable {
     /// Names this loop to the sources and timers in it; outlives the loop.
     let identity: LoopIdentity
 
-    let lock = Lock()
+    let lock = GuardLock()
     /// The modes and their items. Guarded by `lock`.
     private var table: LoopModeTable
     private var performs: [PendingPerform] = []
