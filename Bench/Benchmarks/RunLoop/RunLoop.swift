@@ -241,7 +241,11 @@ func timerProbe(_ name: String, _ make: () -> TimerProbe) -> TimerProbe {
 
 let benchmarks: @Sendable () -> Void = {
     let backends: [EventBackendKind] = EventBackends.ioUringRefusal == nil ? [.ioUring, .epoll] : [.epoll]
-    let roundTripSettings = RunSettings(scalingFactor: .kilo, maxDuration: .seconds(2), maxIterations: 20, warmupIterations: 2)
+    // One thread waits for another in every round trip: CPU time per round
+    // trip beside the wall clock, for every implementation.
+    let roundTripSettings = RunSettings(
+        scalingFactor: .kilo, maxDuration: .seconds(2), maxIterations: 20, warmupIterations: 2,
+        reportedMetrics: [.cpuPerOperation])
 
     var roundTrip: [Implementation] = backends.map { kind in
         Implementation(kind == .ioUring ? "Spindle.iouring" : "Spindle.epoll", isReference: false) { benchmark in
