@@ -98,7 +98,7 @@ struct FoundationNSLockPortTests {
         condition.broadcast()
         condition.unlock()
 
-        NativeThread.sleep(until: endTime.monotonicInstant)
+        NativeThread.sleep(until: endTime)
         repeat {
             totalThreads = threadsStarted.withLock { $0.filter { !$0 }.count }
         } while totalThreads < threadCount
@@ -158,7 +158,7 @@ struct FoundationNSLockPortTests {
         threadCompletedCondition.lock()
         var isTimedOut = false
         while !isTimedOut && completed.value < threadCount {
-            isTimedOut = !threadCompletedCondition.wait(until: endTime.monotonicInstant)
+            isTimedOut = !threadCompletedCondition.wait(until: endTime)
         }
         countdownValueLock.lock()
         let resultCountdownValue = countdownValue.value
@@ -216,7 +216,7 @@ struct FoundationThreadPortTests {
         // thread made without attributes gets the platform's defaults.
         #expect(thread.attributes.priority == nil)
         try thread.start()
-        let ok = condition.wait(until: (WallClock.now + .seconds(2)).monotonicInstant)
+        let ok = condition.wait(until: WallClock.now + .seconds(2))
         condition.unlock()
         #expect(ok, "Condition wait timed out")
         try thread.join()
@@ -262,7 +262,7 @@ struct FoundationThreadPortTests {
             condition.unlock()
         }
         try thread.start()
-        let ok = condition.wait(until: (WallClock.now + .seconds(10)).monotonicInstant)
+        let ok = condition.wait(until: WallClock.now + .seconds(10))
         condition.unlock()
         #expect(ok, "Condition wait timed out")
         try thread.join()
@@ -300,7 +300,7 @@ struct FoundationThreadPortTests {
         // to a monotonic deadline once (see `WallClock.Instant`).
         for interval in [Duration.milliseconds(800), .milliseconds(1100), .milliseconds(1000)] {
             let date = WallClock.now + interval
-            #expect(NativeThread.sleep(until: date.monotonicInstant))
+            #expect(NativeThread.sleep(until: date))
             #expect(WallClock.now >= date, "not early")
         }
     }

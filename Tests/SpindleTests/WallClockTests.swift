@@ -52,6 +52,26 @@ struct WallClockTests {
         #expect(LockedValue(3).withLock(before: WallClock.now + .seconds(1)) { $0 } == 3)
     }
 
+    @Test func conditionSemaphoreConditionLockAndSleepTakeAnyClock() {
+        let condition = Condition()
+        condition.lock()
+        #expect(!condition.wait(until: WallClock.now + .milliseconds(5)))
+        #expect(!condition.wait(until: ContinuousClock.now - .seconds(1)))
+        #expect(!condition.wait(until: .now), "an untyped .now is still the monotonic clock")
+        condition.unlock()
+        let semaphore = Semaphore(value: 1)
+        #expect(semaphore.wait(until: WallClock.now + .seconds(1)))
+        #expect(!semaphore.wait(until: SuspendingClock.now + .milliseconds(5)))
+        let conditionLock = ConditionLock(condition: 1)
+        #expect(!conditionLock.lock(whenCondition: 2, before: WallClock.now + .milliseconds(5)))
+        #expect(conditionLock.lock(whenCondition: 1, before: WallClock.now + .seconds(1)))
+        conditionLock.unlock()
+        let start = MonotonicClock.now
+        #expect(NativeThread.sleep(until: WallClock.now + .milliseconds(10)))
+        #expect(start.duration(to: .now) >= .milliseconds(9), "not early")
+        #expect(NativeThread.sleep(until: .now))
+    }
+
     @Test func aWallClockDeadlineExpiresWhileAnotherThreadHolds() {
         let lock = Lock()
         let held = Latch()

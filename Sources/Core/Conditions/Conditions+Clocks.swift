@@ -1,0 +1,49 @@
+// Deadlines on any clock for the waits that are not lock acquisitions
+// (those are in `Locking+Clocks.swift`): `Condition.wait(until:)`,
+// `Semaphore.wait(until:)`, `ConditionLock.lock(whenCondition:before:)` and
+// `NativeThread.sleep(until:)`, for an instant of `ContinuousClock`,
+// `SuspendingClock` or the wall clock (`WallClock.Instant`, Foundation's
+// `Date`). Each converts the deadline once, on entry, and calls the
+// `MonotonicClock` form, so it blocks, orders memory and fails exactly as
+// that form does. `.now` and `.distantFuture` written without a type still
+// mean `MonotonicClock.Instant`.
+
+extension Condition {
+    /// As `wait(until:)` with a `MonotonicClock` deadline: Foundation's
+    /// `NSCondition.wait(until:)`, with `deadline` on any convertible clock
+    /// (`WallClock.now + .seconds(2)`), converted once on entry.
+    @inlinable
+    public func wait<Deadline: MonotonicClockConvertible>(until deadline: Deadline) -> Bool {
+        wait(until: deadline.monotonicInstant)
+    }
+}
+
+extension Semaphore {
+    /// As `wait(until:)` with a `MonotonicClock` deadline, with `deadline`
+    /// on any convertible clock, converted once on entry.
+    @inlinable
+    public func wait<Deadline: MonotonicClockConvertible>(until deadline: Deadline) -> Bool {
+        wait(until: deadline.monotonicInstant)
+    }
+}
+
+extension ConditionLock {
+    /// As `lock(whenCondition:before:)` with a `MonotonicClock` deadline:
+    /// Foundation's `NSConditionLock.lock(whenCondition:before:)`, with
+    /// `deadline` on any convertible clock, converted once on entry.
+    @inlinable
+    public func lock<Deadline: MonotonicClockConvertible>(whenCondition condition: Int, before deadline: Deadline) -> Bool {
+        lock(whenCondition: condition, before: deadline.monotonicInstant)
+    }
+}
+
+extension NativeThread {
+    /// As `sleep(until:)` with a `MonotonicClock` deadline: Foundation's
+    /// `Thread.sleep(until:)`, with `deadline` on any convertible clock,
+    /// converted once on entry (a wall-clock step during the sleep does not
+    /// move its end).
+    @discardableResult
+    public static func sleep<Deadline: MonotonicClockConvertible>(until deadline: Deadline) -> Bool {
+        sleep(until: deadline.monotonicInstant)
+    }
+}
