@@ -412,6 +412,83 @@ struct NativeThreadTests {
         }
     }
 
+    // MARK: State: isExecuting, isFinished
+
+    @Test func aSpawnedThreadExecutesFromStartUntilItsBodyAndExitDutiesEnd() throws {
+        let release = Latch()
+        let inside = UnsafeBox<(Bool, Bool)>((false, true))
+        let thread = SpawnedThread { () -> Int in
+            inside.value = (NativeThread.current.isExecuting, NativeThread.current.isFinished)
+            _ = release.wait()
+            return 1
+        }
+        #expect(!thread.isExecuting, "not started yet")
+        #expect(!thread.isFinished)
+        try thread.start()
+        #expect(thread.isExecuting)
+        #expect(!thread.isFinished)
+        release.countDown()
+        #expect(try thread.join() == 1)
+        #expect(inside.value == (true, false), "the body sees itself executing")
+        #expect(!thread.isExecuting)
+        #expect(thread.isFinished)
+    }
+
+    @Test func aForeignThreadExecutesWhileRegisteredAndFinishesAfterItsExitDuties() {
+        let seen = UnsafeBox<(NativeThread?, Bool, Bool)>((nil, false, true))
+        let finishedDuringDuties = UnsafeBox<Bool?>(nil)
+        // Its destructor runs among the exit duties: not finished yet.
+        let local = ThreadLocal<NativeThread> { me in finishedDuringDuties.value = me.isFinished }
+        runThreads(1) { _ in
+            let me = NativeThread.current
+            seen.value = (me, me.isExecuting, me.isFinished)
+            local.value = me
+        }
+        let thread = seen.value.0!
+        #expect(seen.value.1, "executing once registered")
+        #expect(!seen.value.2)
+        #expect(finishedDuringDuties.value == false, "finished only once its exit duties have run")
+        #expect(thread.isFinished, "pthread_join waits for the key destructor")
+        #expect(!thread.isExecuting)
+        // Cancelling a finished foreign thread does nothing more than set the flag.
+        thread.cancel()
+        #expect(thread.isCancelled)
+    }
+
+    @Test func theMainThreadIsAlwaysExecuting() {
+        #expect(NativeThread.main.isExecuting)
+        #expect(!NativeThread.main.isFinished)
+        let fromOther = UnsafeBox((false, true))
+        runThreads(1) { _ in fromOther.value = (NativeThread.main.isExecuting, NativeThread.main.isFinished) }
+        #expect(fromOther.value == (true, false))
+    }
+
+    @Test func foreignAndMainThreadsCanBeCancelledFromAnyThread() async {
+        // The main thread's flag is process-wide state: in a child process.
+        await #expect(processExitsWith: .success) {
+            let worker = UnsafeBox<NativeThread?>(nil)
+            let registered = Latch()
+            let cancelled = Latch()
+            let sawCancel = UnsafeBox(false)
+            let join = startThread {
+                worker.value = NativeThread.current
+                registered.countDown()
+                _ = cancelled.wait()
+                sawCancel.value = NativeThread.current.isCancelled
+                // The main thread's cancellation, set from here.
+                NativeThread.main.cancel()
+            }
+            _ = registered.wait()
+            #expect(!worker.value!.isCancelled)
+            worker.value!.cancel()
+            cancelled.countDown()
+            join()
+            #expect(sawCancel.value)
+            // (The exit test's body need not run on the child's main thread.)
+            #expect(NativeThread.main.isCancelled)
+        }
+    }
+
     // MARK: Cancellation and sleep
 
     @Test func cancelWakesASleepingThread() throws {

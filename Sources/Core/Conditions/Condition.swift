@@ -72,10 +72,27 @@ public struct Condition: Locking, @unchecked Sendable {
             base = allocateStableWords(byteCount: Condition.conditionOffset + FutexCondition.byteCount)
             FutexCondition.initialize(at: base + Condition.conditionOffset)
         }
-        deinit { base.deallocate() }
+        deinit {
+            LockNames.forget(base)
+            base.deallocate()
+        }
     }
 
     @usableFromInline let storage: Storage
+
+    /// A name for the condition, for people reading diagnostics (Foundation's
+    /// `NSCondition.name`): shown in `description` and in the message with which
+    /// misuse stops the process. `nil` (the default) for none. Settable on
+    /// any copy of the handle, from any thread; every copy sees it.
+    ///
+    /// Kept in a side table, not in the condition (see `LockNames` in the
+    /// sources): an unnamed condition is no bigger and `lock()`/`unlock()`/`signal()` never reads
+    /// the name. Reading or setting it takes that table's lock (it blocks
+    /// only for another name's read or write) and orders nothing else.
+    public var name: String? {
+        get { LockNames.name(at: storage.base) }
+        nonmutating set { LockNames.setName(newValue, at: storage.base) }
+    }
 
     /// A new, unlocked condition with no waiters.
     public init() {
@@ -140,7 +157,7 @@ public struct Condition: Locking, @unchecked Sendable {
         let mutex = self.mutex
         require(
             AtomicMemory.load(from: mutex.word, ordering: .relaxed) & LockWord.locked != 0,
-            "Condition.wait: the condition is not locked; lock it, test the predicate, then wait")
+            "\(LockNames.label("Condition", storage.base)).wait: the condition is not locked; lock it, test the predicate, then wait")
         if !deadline.isDistantFuture && MonotonicClock.now >= deadline { return false }
         return queue.wait(releasing: mutex, flushingWakes: true, until: deadline)
     }

@@ -65,10 +65,27 @@ public struct ConditionLock: Locking, @unchecked Sendable {
             (base + 16).storeBytes(of: condition, as: Int.self)
             (base + 40).storeBytes(of: AdaptiveSpin.initialPolls, as: UInt32.self)
         }
-        deinit { base.deallocate() }
+        deinit {
+            LockNames.forget(base)
+            base.deallocate()
+        }
     }
 
     @usableFromInline let storage: Storage
+
+    /// A name for the lock, for people reading diagnostics (Foundation's
+    /// `NSConditionLock.name`): shown in `description` and in the message with which
+    /// misuse stops the process. `nil` (the default) for none. Settable on
+    /// any copy of the handle, from any thread; every copy sees it.
+    ///
+    /// Kept in a side table, not in the lock (see `LockNames` in the
+    /// sources): an unnamed lock is no bigger and `lock()`/`unlock()` never reads
+    /// the name. Reading or setting it takes that table's lock (it blocks
+    /// only for another name's read or write) and orders nothing else.
+    public var name: String? {
+        get { LockNames.name(at: storage.base) }
+        nonmutating set { LockNames.setName(newValue, at: storage.base) }
+    }
 
     /// A new, unlocked lock whose condition is `condition`.
     public init(condition: Int = 0) {
@@ -247,7 +264,7 @@ public struct ConditionLock: Locking, @unchecked Sendable {
     func release(_ guardLock: PlainFutexMutex, caller: StaticString) {
         if AtomicMemory.load(from: held, ordering: .relaxed) == 0 {
             guardLock.unlock()
-            misuse("ConditionLock.\(caller): the lock is not locked (unbalanced unlock, or unlock before lock)")
+            misuse("\(LockNames.label("ConditionLock", storage.base)).\(caller): the lock is not locked (unbalanced unlock, or unlock before lock)")
         }
         if firstWaiter.pointee == nil {
             // Releasing: pairs with the acquiring compare-and-swap that takes

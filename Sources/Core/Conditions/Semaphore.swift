@@ -56,10 +56,27 @@ public struct Semaphore: @unchecked Sendable {
             base.storeBytes(of: value, as: Int.self)
             (base + 16).storeBytes(of: AdaptiveSpin.initialPolls, as: UInt32.self)
         }
-        deinit { base.deallocate() }
+        deinit {
+            LockNames.forget(base)
+            base.deallocate()
+        }
     }
 
     @usableFromInline let storage: Storage
+
+    /// A name for the semaphore, for people reading diagnostics (as Foundation's
+    /// `NSLock.name`; Foundation has no named semaphore): shown in `description` and in the message with which
+    /// misuse stops the process. `nil` (the default) for none. Settable on
+    /// any copy of the handle, from any thread; every copy sees it.
+    ///
+    /// Kept in a side table, not in the semaphore (see `LockNames` in the
+    /// sources): an unnamed semaphore is no bigger and `wait()`/`signal()` never reads
+    /// the name. Reading or setting it takes that table's lock (it blocks
+    /// only for another name's read or write) and orders nothing else.
+    public var name: String? {
+        get { LockNames.name(at: storage.base) }
+        nonmutating set { LockNames.setName(newValue, at: storage.base) }
+    }
 
     /// A semaphore with `value` resources available (0 makes it a signal
     /// between threads: the first `wait()` sleeps until a `signal()`). Stops
@@ -213,7 +230,7 @@ public struct Semaphore: @unchecked Sendable {
     @inline(never)
     func signalWaiting(newCount: Int) {
         if newCount == Int.min {
-            misuse("Semaphore.signal(): the count overflowed (it was Int.max); more signals than any program can wait for")
+            misuse("\(LockNames.label("Semaphore", storage.base)).signal(): the count overflowed (it was Int.max); more signals than any program can wait for")
         }
         AtomicMemory.increment(tokens, ordering: .sequentiallyConsistent)
         if AtomicMemory.load(from: sleepers, ordering: .sequentiallyConsistent) != 0 {

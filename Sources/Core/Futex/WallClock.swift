@@ -3,7 +3,11 @@ import CShims
 /// The wall clock: Linux `CLOCK_REALTIME`, the time of day that other hosts
 /// and processes agree on, for records that outlive a process (the time a
 /// `DistributedLock` was taken). It may jump when the system time is set, so
-/// it is never used for a deadline: deadlines are on `MonotonicClock`.
+/// it is never a deadline's own clock: deadlines are on `MonotonicClock`.
+/// A `WallClock.Instant` can still be passed wherever a clock-generic
+/// deadline is taken (it is `MonotonicClockConvertible`); see
+/// `WallClock.Instant.monotonicInstant` for what that means when the wall
+/// clock is set.
 public enum WallClock {
     /// A point on the wall clock: whole seconds since 1970-01-01 00:00:00 UTC
     /// (the Unix epoch) and nanoseconds within that second. Foundation's
@@ -35,6 +39,23 @@ public enum WallClock {
                 + .nanoseconds(Int64(other.nanoseconds) - Int64(nanoseconds))
         }
 
+        /// The instant `duration` later (earlier for a negative duration).
+        /// Stops the process if the result's seconds do not fit in `Int64`.
+        public func advanced(by duration: Duration) -> Instant {
+            let (seconds, attoseconds) = duration.components
+            var nanos = Int64(nanoseconds) + attoseconds / 1_000_000_000
+            var whole = secondsSinceEpoch + seconds
+            if nanos >= 1_000_000_000 { nanos -= 1_000_000_000; whole += 1 }
+            if nanos < 0 { nanos += 1_000_000_000; whole -= 1 }
+            return Instant(secondsSinceEpoch: whole, nanoseconds: Int32(nanos))
+        }
+
+        /// The instant `duration` after `instant`.
+        public static func + (instant: Instant, duration: Duration) -> Instant { instant.advanced(by: duration) }
+
+        /// The instant `duration` before `instant`.
+        public static func - (instant: Instant, duration: Duration) -> Instant { instant.advanced(by: .zero - duration) }
+
         public static func < (a: Instant, b: Instant) -> Bool {
             (a.secondsSinceEpoch, a.nanoseconds) < (b.secondsSinceEpoch, b.nanoseconds)
         }
@@ -53,5 +74,31 @@ public enum WallClock {
         var nanoseconds: Int32 = 0
         cshims_realtime_now(&seconds, &nanoseconds)
         return Instant(secondsSinceEpoch: seconds, nanoseconds: nanoseconds)
+    }
+}
+
+extension WallClock.Instant: MonotonicClockConvertible {
+    /// This wall-clock instant as a `MonotonicClock` deadline, converted now:
+    /// `MonotonicClock.now` plus the time from `WallClock.now` to this
+    /// instant. So `lock.lock(before: WallClock.now + .seconds(2))`, a
+    /// `ThreadLoop.run(until:)` with a wall-clock instant, and every other
+    /// clock-generic deadline accept it, as Foundation's calls accept a `Date`.
+    ///
+    /// The conversion happens once, when the call starts: if the system
+    /// time is set (stepped) while the call waits, the deadline does not
+    /// move, and the wait ends after the same elapsed time it would have.
+    /// Foundation on Linux differs by call: `NSLock.lock(before:)` and
+    /// `NSCondition.wait(until:)` hand the `Date` to glibc as an absolute
+    /// `CLOCK_REALTIME` time (`pthread_mutex_timedlock`,
+    /// `pthread_cond_timedwait`), so a clock step moves their deadline, while
+    /// `RunLoop.run(until:)` turns its `Date` into an interval from now once,
+    /// as Spindle does everywhere. An instant already past converts to a
+    /// past deadline (the call only tries, or makes one pass).
+    ///
+    /// Never blocks: two clock reads through the vDSO. Saturates at
+    /// `MonotonicClock.Instant.distantFuture` and at the clock's start.
+    public var monotonicInstant: MonotonicClock.Instant {
+        let wallNow = WallClock.now
+        return MonotonicClock.now.advanced(by: wallNow.duration(to: self))
     }
 }

@@ -139,7 +139,7 @@ struct FutexMutex {
             let view = LockWord(state)
             require(
                 view.isLocked && !view.isHandedOff,
-                "unlock(): the lock is not locked (unbalanced unlock, or unlock before lock)")
+                "unlock(): \(LockNames.label("the lock", UnsafeRawPointer(word))) is not locked (unbalanced unlock, or unlock before lock)")
             // Not asked, or asked too soon after the last hand-off (the clock
             // is read only while an heir asks): release as the core does. A
             // sleeping heir is left asleep: it wakes by itself when the

@@ -58,7 +58,9 @@ public struct Lock: Locking, @unchecked Sendable {
     public static var fairnessInterval: Duration { LockTuning.fairHandoffInterval }
 
     @usableFromInline
-    final class Storage: ManagedBuffer<Void, UInt32> {}
+    final class Storage: ManagedBuffer<Void, UInt32> {
+        deinit { withUnsafeMutablePointerToElements { LockNames.forget($0) } }
+    }
     // No header; tail elements: `FutexMutex.Words`.
     // 16 (object header) + 4 × 4 = 32 bytes on the heap.
 
@@ -72,6 +74,20 @@ public struct Lock: Locking, @unchecked Sendable {
         let words = storage.withUnsafeMutablePointerToElements { $0 }
         words.initialize(repeating: 0, count: FutexMutex.wordCount)
         mutex = FutexMutex(words: words)
+    }
+
+    /// A name for the lock, for people reading diagnostics (Foundation's
+    /// `NSLock.name`): shown in `description` and in the message with which
+    /// misuse stops the process. `nil` (the default) for none. Settable on
+    /// any copy of the handle, from any thread; every copy sees it.
+    ///
+    /// Kept in a side table, not in the lock (see `LockNames` in the
+    /// sources): an unnamed lock is no bigger and `lock()`/`unlock()` never reads
+    /// the name. Reading or setting it takes that table's lock (it blocks
+    /// only for another name's read or write) and orders nothing else.
+    public var name: String? {
+        get { LockNames.name(at: mutex.word) }
+        nonmutating set { LockNames.setName(newValue, at: mutex.word) }
     }
 
     /// The raw lock word, for tests and diagnostics: 0 when idle.

@@ -5,22 +5,30 @@
 
 extension Lock: CustomStringConvertible {
     /// `Lock(unlocked)`, `Lock(locked)`, or `Lock(locked, contended)` while
-    /// other threads wait for it.
+    /// other threads wait for it; a named lock shows its name first:
+    /// `Lock("db", locked)`.
     public var description: String {
         let word = AtomicMemory.load(from: mutex.word, ordering: .relaxed)
-        guard word & LockWord.locked != 0 else { return "Lock(unlocked)" }
-        let contended = word & LockWord.parked != 0 || mutex.threadsWaitingForTurn > 0
-        return contended ? "Lock(locked, contended)" : "Lock(locked)"
+        let state: String
+        if word & LockWord.locked == 0 {
+            state = "unlocked"
+        } else {
+            let contended = word & LockWord.parked != 0 || mutex.threadsWaitingForTurn > 0
+            state = contended ? "locked, contended" : "locked"
+        }
+        return "Lock(\(namePrefix(name))\(state))"
     }
 }
 
 extension RecursiveLock: CustomStringConvertible {
     /// `RecursiveLock(unlocked)`, `RecursiveLock(locked)`, or
-    /// `RecursiveLock(locked by the calling thread)`.
+    /// `RecursiveLock(locked by the calling thread)`; a named lock shows its
+    /// name first: `RecursiveLock("db", locked)`.
     public var description: String {
-        if isHeldByCurrentThread { return "RecursiveLock(locked by the calling thread)" }
+        let prefix = "RecursiveLock(" + namePrefix(name)
+        if isHeldByCurrentThread { return prefix + "locked by the calling thread)" }
         let word = AtomicMemory.load(from: core.mutex.word, ordering: .relaxed)
-        return word & LockWord.locked != 0 ? "RecursiveLock(locked)" : "RecursiveLock(unlocked)"
+        return prefix + (word & LockWord.locked != 0 ? "locked)" : "unlocked)")
     }
 }
 
@@ -41,5 +49,37 @@ extension ReadWriteLock: CustomStringConvertible {
         case Self.writeLocked: return "ReadWriteLock(write-locked)"
         default: return "ReadWriteLock(read-locked by \(holders))"
         }
+    }
+}
+
+/// `"name", ` for a named lock, nothing for an unnamed one.
+private func namePrefix(_ name: String?) -> String {
+    name.map { "\"\($0)\", " } ?? ""
+}
+
+extension Condition: CustomStringConvertible {
+    /// `Condition(unlocked)` or `Condition(locked)`; a named condition shows
+    /// its name first: `Condition("mailbox", locked)`.
+    public var description: String {
+        let word = AtomicMemory.load(from: mutex.word, ordering: .relaxed)
+        return "Condition(\(namePrefix(name))\(word & LockWord.locked != 0 ? "locked" : "unlocked"))"
+    }
+}
+
+extension ConditionLock: CustomStringConvertible {
+    /// `ConditionLock(unlocked, condition: 0)` or `ConditionLock(locked,
+    /// condition: 2)`; a named lock shows its name first.
+    public var description: String {
+        let locked = AtomicMemory.load(from: held, ordering: .relaxed) != 0
+        let value = AtomicMemory.load(from: conditionWord, ordering: .relaxed)
+        return "ConditionLock(\(namePrefix(name))\(locked ? "locked" : "unlocked"), condition: \(value))"
+    }
+}
+
+extension Semaphore: CustomStringConvertible {
+    /// `Semaphore(value: 2)`: the count now (negative: that many waiters);
+    /// a named semaphore shows its name first: `Semaphore("slots", value: 2)`.
+    public var description: String {
+        "Semaphore(\(namePrefix(name))value: \(AtomicMemory.load(from: count, ordering: .relaxed)))"
     }
 }

@@ -27,7 +27,9 @@ public struct RecursiveLock: Locking, @unchecked Sendable {
 
     /// Tail elements: the mutex's words (`FutexMutex.Words`).
     @usableFromInline
-    final class Storage: ManagedBuffer<Header, UInt32> {}
+    final class Storage: ManagedBuffer<Header, UInt32> {
+        deinit { withUnsafeMutablePointerToElements { LockNames.forget($0) } }
+    }
 
     @usableFromInline let storage: Storage
     @usableFromInline let core: RecursiveMutex
@@ -43,6 +45,20 @@ public struct RecursiveLock: Locking, @unchecked Sendable {
             words: words,
             owner: (header + MemoryLayout<Header>.offset(of: \.owner)!).assumingMemoryBound(to: UInt.self),
             depth: (header + MemoryLayout<Header>.offset(of: \.depth)!).assumingMemoryBound(to: Int.self))
+    }
+
+    /// A name for the lock, for people reading diagnostics (Foundation's
+    /// `NSRecursiveLock.name`): shown in `description` and in the message with which
+    /// misuse stops the process. `nil` (the default) for none. Settable on
+    /// any copy of the handle, from any thread; every copy sees it.
+    ///
+    /// Kept in a side table, not in the lock (see `LockNames` in the
+    /// sources): an unnamed lock is no bigger and `lock()`/`unlock()` never reads
+    /// the name. Reading or setting it takes that table's lock (it blocks
+    /// only for another name's read or write) and orders nothing else.
+    public var name: String? {
+        get { LockNames.name(at: core.mutex.word) }
+        nonmutating set { LockNames.setName(newValue, at: core.mutex.word) }
     }
 
     /// Whether the calling thread holds the lock. Never blocks.
@@ -140,7 +156,7 @@ struct RecursiveMutex {
     func unlock() {
         require(
             AtomicMemory.load(from: owner, ordering: .relaxed) == Self.me,
-            "RecursiveLock.unlock(): the calling thread does not hold this lock (unlocked on another thread, or more unlocks than locks)")
+            "\(LockNames.label("RecursiveLock", mutex.word)).unlock(): the calling thread does not hold this lock (unlocked on another thread, or more unlocks than locks)")
         depth.pointee -= 1
         if depth.pointee == 0 {
             AtomicMemory.store(0, to: owner, ordering: .relaxed)

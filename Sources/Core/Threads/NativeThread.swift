@@ -26,7 +26,7 @@ import Musl
 /// ```
 ///
 /// A `NativeThread` gives a thread's identity (`id`, `name`, `isMainThread`),
-/// cooperative cancellation (`cancel()`, `isCancelled`, a `sleep` that
+/// its state (`isExecuting`, `isFinished`), cooperative cancellation (`cancel()`, `isCancelled`, a `sleep` that
 /// cancellation cuts short), its per-thread storage (`threadDictionary`, and
 /// `ThreadLocal` values), and control of where and how it runs (`setAffinity`,
 /// `setPriority`, `bindToNUMANode`).
@@ -242,6 +242,46 @@ public class NativeThread: @unchecked Sendable, Hashable, CustomStringConvertibl
         }
     }
 
+    // MARK: State
+
+    /// Whether the thread is running: Foundation's `Thread.isExecuting`.
+    ///
+    /// - A `SpawnedThread`: true from `start()` (set before the kernel
+    ///   thread is created; a `start()` that throws makes it false again)
+    ///   until its body has returned or thrown and its thread-local values
+    ///   have been destroyed; false before `start()` and after that.
+    /// - A thread Spindle did not create (the main thread, a Dispatch or
+    ///   Foundation worker, a raw pthread): true while it is registered,
+    ///   from its first `NativeThread.current` until its exit duties (the
+    ///   destruction of its `ThreadLocal` values and dictionary) have run as
+    ///   it exits. The main thread's never run: it is executing for the whole
+    ///   life of the process.
+    ///
+    /// Exactly one of `isExecuting` and `isFinished` is true for any thread
+    /// that has been started. Readable from any thread; does not block.
+    /// Memory: an acquire, pairing with the release that sets `isFinished`.
+    public final var isExecuting: Bool {
+        let state = lifecycle.load(ordering: .acquiring)
+        return state & Lifecycle.started != 0 && state & Lifecycle.finished == 0
+    }
+
+    /// Whether the thread has ended: Foundation's `Thread.isFinished`.
+    ///
+    /// - A `SpawnedThread`: its body has returned or thrown and its
+    ///   thread-local values have been destroyed; the kernel thread may
+    ///   still be unwinding (`join()` waits for that, and the outcome is
+    ///   ready).
+    /// - A thread Spindle did not create: it has exited and its exit duties
+    ///   (see `isExecuting`) have run. Never true for the main thread.
+    ///
+    /// Readable from any thread; does not block. Memory: an acquire, pairing
+    /// with the thread's release as it finishes: whatever the thread wrote
+    /// before it finished (its outcome, its last stores) is visible to a
+    /// caller that sees true.
+    public final var isFinished: Bool {
+        lifecycle.load(ordering: .acquiring) & Lifecycle.finished != 0
+    }
+
     // MARK: Cancellation
 
     /// Asks the thread to stop. Sets a flag that the thread's body reads
@@ -249,6 +289,8 @@ public class NativeThread: @unchecked Sendable, Hashable, CustomStringConvertibl
     /// `NativeThread.sleep`. Nothing else: the body decides when and how to
     /// stop (see the type's documentation for why threads are never killed).
     ///
+    /// Foundation's `Thread.cancel()`. Works on every thread object, from
+    /// any thread: a `SpawnedThread`, the main thread, a foreign thread.
     /// Does not block; cancelling twice, or a finished thread, does nothing
     /// more. Memory: a release. Whatever the caller wrote before `cancel()` is
     /// visible to the thread once it sees `isCancelled` return true.
@@ -264,7 +306,8 @@ public class NativeThread: @unchecked Sendable, Hashable, CustomStringConvertibl
         }
     }
 
-    /// Whether `cancel()` has been called on this thread. Does not block.
+    /// Whether `cancel()` has been called on this thread: Foundation's
+    /// `Thread.isCancelled`. Readable from any thread; does not block.
     /// Memory: an acquire, pairing with `cancel()`'s release.
     public final var isCancelled: Bool {
         cancellation.load(ordering: .acquiring) & Cancellation.requested != 0
@@ -487,6 +530,9 @@ private func currentThreadKeyDestructor(_ raw: UnsafeMutableRawPointer?) {
     thread.takeUnretainedValue().runExitDuties()
     cshims_set_current_thread(nil)
     pthread_setspecific(currentThreadKey, nil)
+    // Publishes the thread's last writes to whoever reads `isFinished`
+    // (an acquire there).
+    thread.takeUnretainedValue().lifecycle.bitwiseOr(NativeThread.Lifecycle.finished, ordering: .releasing)
     thread.release()
 }
 

@@ -365,14 +365,6 @@ public final class SpawnedThread<Value: Sendable>: NativeThread, @unchecked Send
         }
     }
 
-    /// Whether the body has returned or thrown. A finished thread may still
-    /// be exiting (destroying its thread-locals); `join()` waits for that.
-    /// Does not block. Memory: an acquire, pairing with the thread's release
-    /// of its outcome.
-    public var isFinished: Bool {
-        lifecycle.load(ordering: .acquiring) & Lifecycle.finished != 0
-    }
-
     /// Whether the thread was started (or is being started) detached.
     public var isDetached: Bool {
         lifecycle.load(ordering: .relaxed) & Lifecycle.detached != 0

@@ -3,8 +3,10 @@
 // blocks and fails exactly as that form does.
 
 extension NativeThread {
-    /// As `sleep(until:)`, with `deadline` on any `MonotonicClockConvertible`
-    /// clock (`ContinuousClock`, `SuspendingClock`, `WallClock`...).
+    /// As `sleep(until:)` with a `MonotonicClock` deadline: Foundation's
+    /// `Thread.sleep(until:)`, with `deadline` on any convertible clock,
+    /// converted once on entry (a wall-clock step during the sleep does not
+    /// move its end).
     @discardableResult
     public static func sleep<Deadline: MonotonicClockConvertible>(until deadline: Deadline) -> Bool {
         sleep(until: deadline.monotonicInstant)

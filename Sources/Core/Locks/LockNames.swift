@@ -1,0 +1,64 @@
+import Synchronization
+
+/// The names given to locks, conditions and semaphores (`Lock.name`,
+/// `RecursiveLock.name`, `Condition.name`, `ConditionLock.name`,
+/// `Semaphore.name`), kept beside them instead of in them.
+///
+/// Why a side table: a name is read only by `description` and by misuse
+/// messages, never by `lock()`/`unlock()`, and most locks are never named. A
+/// field in each lock's storage would make every unnamed lock bigger (a
+/// `Lock` is 32 bytes on the heap; an optional `String` adds 16, and glibc
+/// would hand it a 64-byte block instead of 48), and the uncontended paths
+/// would not use it. So the table maps the address of a lock's first word
+/// (stable for the lock's life) to its name; each storage object's `deinit`
+/// removes its entry, so an address reused by a later lock starts unnamed.
+///
+/// Cost: setting or reading a name takes the table's lock. A lock's deinit
+/// reads one atomic counter (relaxed) and touches the table only while some
+/// lock in the process has a name. Setting a name happens-before the
+/// storage's deinit (the last reference is released after the setter
+/// returned), so the relaxed count cannot miss that lock's own entry.
+@usableFromInline
+enum LockNames {
+    /// How many entries the table holds; the deinit's gate.
+    static let entries = Atomic<Int>(0)
+    /// Name by word address.
+    static let table = LockedValue<[UInt: String]>([:])
+
+    static func key(_ word: UnsafeRawPointer) -> UInt { UInt(bitPattern: word) }
+
+    /// The name of the lock whose first word is at `word`, if it has one.
+    static func name(at word: UnsafeRawPointer) -> String? {
+        if entries.load(ordering: .relaxed) == 0 { return nil }
+        return table.withLock { $0[key(word)] }
+    }
+
+    /// Names (or, for nil, unnames) the lock whose first word is at `word`.
+    static func setName(_ name: String?, at word: UnsafeRawPointer) {
+        table.withLock { table in
+            let before = table.count
+            table[key(word)] = name
+            entries.add(table.count - before, ordering: .relaxed)
+        }
+    }
+
+    /// Called by a storage object's deinit: drops its entry.
+    static func forget(_ word: UnsafeRawPointer) {
+        if entries.load(ordering: .relaxed) == 0 { return }
+        table.withLock { table in
+            if table.removeValue(forKey: key(word)) != nil {
+                entries.subtract(1, ordering: .relaxed)
+            }
+        }
+    }
+
+    /// `Lock "db"` for a named lock, `Lock` otherwise: how misuse messages
+    /// and descriptions name the lock. Only misuse paths and `description`
+    /// call it.
+    @usableFromInline
+    @inline(never)
+    static func label(_ kind: String, _ word: UnsafeRawPointer) -> String {
+        guard let name = name(at: word) else { return kind }
+        return "\(kind) \"\(name)\""
+    }
+}
