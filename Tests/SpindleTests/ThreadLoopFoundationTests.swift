@@ -129,3 +129,29 @@ private final class LoopBox: @unchecked Sendable {
     // @unchecked: written by one thread before it is joined, read after.
     var loop: ThreadLoop?
 }
+
+/// The run-loop handles describe themselves briefly, without internals.
+@Suite("ThreadLoop: descriptions")
+struct LoopDescriptionTests {
+    @Test(arguments: availableBackends)
+    func handlesDescribeTheirState(kind: EventBackendKind) {
+        onLoopThread(kind) { loop in
+            #expect(loop.description == "ThreadLoop(thread \(loop.ownerThreadID), \(kind.rawValue), idle)")
+            let custom = LoopSource { _ in }
+            #expect(custom.description == "LoopSource(custom)")
+            withPipe { readEnd, _ in
+                let watcher = LoopSource(descriptor: readEnd) { _, _ in }
+                #expect(watcher.description == "LoopSource(descriptor \(readEnd), readable)")
+                watcher.invalidate()
+                #expect(watcher.description == "LoopSource(descriptor \(readEnd), readable, invalid)")
+            }
+            let timer = LoopTimer(after: .seconds(60), interval: .seconds(1)) { _ in }
+            #expect(timer.description.hasPrefix("LoopTimer(every 1.0 seconds, due in"))
+            timer.invalidate()
+            #expect(timer.description == "LoopTimer(every 1.0 seconds, invalid)")
+            let observer = LoopObserver(activities: .beforeWaiting, repeats: false) { _, _ in }
+            #expect(observer.description.hasPrefix("LoopObserver("))
+            #expect(observer.description.hasSuffix(", once)"))
+        }
+    }
+}
