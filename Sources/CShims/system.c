@@ -172,6 +172,8 @@ int cshims_numa_prefer_node(int node) {
 // --- Threads -----------------------------------------------------------------
 
 __thread void *cshims_current_thread_record = NULL;
+__thread char cshims_thread_token_byte;
+_Alignas(64) unsigned char cshims_sync_buckets[CSHIMS_SYNC_BUCKETS * 64];
 
 // The kernel's per-thread CPU clock id: bits 0-1 the clock (2 = scheduler
 // time), bit 2 set for a thread rather than a process, bits 3 and up the id

@@ -84,6 +84,20 @@ extern __thread void *cshims_current_thread_record;
 CSHIMS_INLINE void *cshims_current_thread(void) { return cshims_current_thread_record; }
 CSHIMS_INLINE void cshims_set_current_thread(void *record) { cshims_current_thread_record = record; }
 
+// A number that names the calling thread among the threads alive now: the
+// address of a thread-local byte (one instruction; no call, unlike
+// pthread_self). Never 0. A thread that has exited may pass it on.
+extern __thread char cshims_thread_token_byte;
+CSHIMS_INLINE uintptr_t cshims_thread_token(void) { return (uintptr_t)&cshims_thread_token_byte; }
+
+// The side table of `synchronized`: 256 cache lines, zero from the start
+// (an unlocked guard and an empty list each), so it needs no initializer.
+#define CSHIMS_SYNC_BUCKETS 256
+extern _Alignas(64) unsigned char cshims_sync_buckets[CSHIMS_SYNC_BUCKETS * 64];
+CSHIMS_INLINE void *cshims_sync_bucket(uint32_t index) {
+    return cshims_sync_buckets + (size_t)(index % CSHIMS_SYNC_BUCKETS) * 64;
+}
+
 // The kernel thread id of `thread` without a system call, or -ESRCH once the
 // thread has exited. glibc keeps the id in the thread's descriptor and hands
 // it out only encoded in the thread's CPU-time clock id; the encoding
