@@ -155,3 +155,45 @@ struct LoopDescriptionTests {
         }
     }
 }
+
+/// The guide's Listing 2-3 as it writes it: a long job runs its loop once
+/// with a deadline of now between chunks (`runUntilDate:[NSDate date]`); a
+/// custom input source, signalled from another thread, sets the exit flag in
+/// the thread dictionary; the job ends.
+@Suite("ThreadLoop: the guide's Listing 2-3")
+struct Listing23Tests {
+    @Test(arguments: availableBackends)
+    func longJobEndsWhenItsInputSourceIsSignalled(kind: EventBackendKind) {
+        let installed = Latch()
+        let sourceBox = LockedValue<LoopSource?>(nil)
+        let chunks = LockedValue(0)
+        let join = startThread {
+            let runLoop = try! ThreadLoop.current(backend: kind)
+            let threadDict = NativeThread.current.threadDictionary
+            threadDict["ThreadShouldExitNow"] = false
+            // Install an input source (its handler runs on this thread).
+            let source = LoopSource { _ in
+                NativeThread.current.threadDictionary["ThreadShouldExitNow"] = true
+            }
+            runLoop.add(source)
+            sourceBox.withLock { $0 = source }
+            installed.countDown()
+            var moreWorkToDo = true
+            var exitNow = false
+            var done = 0
+            while moreWorkToDo && !exitNow {
+                done += 1  // one chunk of a larger body of work
+                if done == 50_000_000 { moreWorkToDo = false }  // a bound, never reached when it works
+                runLoop.run(until: .now)
+                exitNow = threadDict.value(forKey: "ThreadShouldExitNow", as: Bool.self) ?? false
+            }
+            chunks.withLock { $0 = done }
+            source.invalidate()
+        }
+        #expect(installed.wait())
+        usleep(10_000)
+        sourceBox.withLock { $0 }?.signal()
+        join()
+        #expect(chunks.withLock { $0 } < 50_000_000, "the job ended because its input source fired, not by running out of work")
+    }
+}
