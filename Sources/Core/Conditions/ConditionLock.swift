@@ -44,26 +44,37 @@ public struct ConditionLock: Locking, @unchecked Sendable {
     // @unchecked: the storage's plain fields are only touched under the
     // internal guard lock; the condition and the waiters' states are atomics.
 
-    /// Owns the words, from a cache-line aligned base:
-    ///
-    ///      0  UInt32   unused
-    ///      4  UInt32   unused
-    ///      8  UInt32   the guard's word (a `PlainFutexMutex`)
-    ///     12  UInt32   1 while some thread holds the condition lock (atomic;
-    ///                  set from 0 with a compare-and-swap, with or without
-    ///                  the guard; cleared or handed off only under it)
-    ///     16  Int      the condition (written under the guard, read anywhere)
-    ///     24  pointer  the first waiter (guarded)
-    ///     32  pointer  the last waiter (guarded)
-    ///     40  UInt32   the waiters' spin limit (`AdaptiveSpin`)
-    ///     44  UInt32   unused
+    /// The lock's words, laid out by this struct (read through
+    /// `MemoryLayout.offset(of:)`, never by hand-written offsets), from a
+    /// cache-line aligned base. The base address itself names the lock in
+    /// the name table (`LockNames`), so the first word is never used.
+    @usableFromInline
+    struct Words {
+        /// Never used: its address is the lock's key for its name.
+        @usableFromInline var unused: UInt32
+        /// The guard's word (a `PlainFutexMutex`).
+        @usableFromInline var guardWord: UInt32
+        /// 1 while some thread holds the condition lock (atomic; set from 0
+        /// with a compare-and-swap, with or without the guard; cleared or
+        /// handed off only under it).
+        @usableFromInline var held: UInt32
+        /// The waiters' spin limit (`AdaptiveSpin`).
+        @usableFromInline var spin: UInt32
+        /// The condition (written under the guard, read anywhere).
+        @usableFromInline var condition: Int
+        /// The first waiter (guarded).
+        @usableFromInline var firstWaiter: UnsafeMutableRawPointer?
+        /// The last waiter (guarded).
+        @usableFromInline var lastWaiter: UnsafeMutableRawPointer?
+    }
+
     @usableFromInline
     final class Storage {
         @usableFromInline let base: UnsafeMutableRawPointer
         init(condition: Int) {
-            base = allocateStableWords(byteCount: 48)
-            (base + 16).storeBytes(of: condition, as: Int.self)
-            (base + 40).storeBytes(of: AdaptiveSpin.initialPolls, as: UInt32.self)
+            base = allocateStableWords(byteCount: MemoryLayout<Words>.size)
+            (base + MemoryLayout<Words>.offset(of: \.condition)!).storeBytes(of: condition, as: Int.self)
+            (base + MemoryLayout<Words>.offset(of: \.spin)!).storeBytes(of: AdaptiveSpin.initialPolls, as: UInt32.self)
         }
         deinit {
             LockNames.forget(base)
@@ -92,29 +103,29 @@ public struct ConditionLock: Locking, @unchecked Sendable {
         storage = Storage(condition: condition)
     }
 
+    /// The word `field` of `Words`.
     @inlinable
-    var guardLock: PlainFutexMutex {
-        PlainFutexMutex(word: (storage.base + 8).assumingMemoryBound(to: UInt32.self))
+    func word<T>(_ field: KeyPath<Words, T>) -> UnsafeMutablePointer<T> {
+        (storage.base + MemoryLayout<Words>.offset(of: field)!).assumingMemoryBound(to: T.self)
     }
 
     @inlinable
-    var held: UnsafeMutablePointer<UInt32> { (storage.base + 12).assumingMemoryBound(to: UInt32.self) }
+    var guardLock: PlainFutexMutex { PlainFutexMutex(word: word(\.guardWord)) }
 
     @inlinable
-    var conditionWord: UnsafeMutablePointer<Int> { (storage.base + 16).assumingMemoryBound(to: Int.self) }
+    var held: UnsafeMutablePointer<UInt32> { word(\.held) }
 
     @inlinable
-    var firstWaiter: UnsafeMutablePointer<UnsafeMutableRawPointer?> {
-        (storage.base + 24).assumingMemoryBound(to: UnsafeMutableRawPointer?.self)
-    }
+    var conditionWord: UnsafeMutablePointer<Int> { word(\.condition) }
 
     @inlinable
-    var lastWaiter: UnsafeMutablePointer<UnsafeMutableRawPointer?> {
-        (storage.base + 32).assumingMemoryBound(to: UnsafeMutableRawPointer?.self)
-    }
+    var firstWaiter: UnsafeMutablePointer<UnsafeMutableRawPointer?> { word(\.firstWaiter) }
 
     @inlinable
-    var spin: AdaptiveSpin { AdaptiveSpin((storage.base + 40).assumingMemoryBound(to: UInt32.self)) }
+    var lastWaiter: UnsafeMutablePointer<UnsafeMutableRawPointer?> { word(\.lastWaiter) }
+
+    @inlinable
+    var spin: AdaptiveSpin { AdaptiveSpin(word(\.spin)) }
 
     /// The lock's condition now. A snapshot: unless the caller holds the
     /// lock, another thread may change it at once. Never blocks; orders no
@@ -281,15 +292,23 @@ public struct ConditionLock: Locking, @unchecked Sendable {
 
 extension ConditionLock {
     /// A waiting thread's record, on its stack, linked into the lock's list
-    /// while it waits. Fields (32 bytes, 8-aligned):
-    ///
-    ///      0  UInt32   state: waiting, sleeping or granted (atomic)
-    ///      4  UInt32   1 if any condition will do (guarded)
-    ///      8  Int      the condition waited for (guarded)
-    ///     16  pointer  next waiter (guarded)
-    ///     24  pointer  previous waiter (guarded)
+    /// while it waits; its fields are `Fields`, read through
+    /// `MemoryLayout.offset(of:)`.
     @usableFromInline
     struct Waiter {
+        struct Fields {
+            /// Waiting, sleeping or granted (atomic).
+            var state: UInt32
+            /// 1 if any condition will do (guarded).
+            var anyCondition: UInt32
+            /// The condition waited for (guarded).
+            var wanted: Int
+            /// The next waiter (guarded).
+            var next: UnsafeMutableRawPointer?
+            /// The previous waiter (guarded).
+            var previous: UnsafeMutableRawPointer?
+        }
+
         /// Spinning, not yet asleep: a hand-off needs no wake call.
         static var waiting: UInt32 { 0 }
         /// May be asleep on `state`: a hand-off must wake it.
@@ -297,26 +316,29 @@ extension ConditionLock {
         /// The lock has been handed to this thread.
         static var granted: UInt32 { 2 }
 
-        static var byteCount: Int { 32 }
+        static var byteCount: Int { MemoryLayout<Fields>.size }
+        static var alignment: Int { MemoryLayout<Fields>.alignment }
 
         let base: UnsafeMutableRawPointer
 
-        var state: UnsafeMutablePointer<UInt32> { base.assumingMemoryBound(to: UInt32.self) }
+        func offset<T>(_ field: KeyPath<Fields, T>) -> Int { MemoryLayout<Fields>.offset(of: field)! }
+
+        var state: UnsafeMutablePointer<UInt32> { (base + offset(\.state)).assumingMemoryBound(to: UInt32.self) }
         var anyCondition: Bool {
-            get { base.load(fromByteOffset: 4, as: UInt32.self) != 0 }
-            nonmutating set { base.storeBytes(of: newValue ? 1 : 0, toByteOffset: 4, as: UInt32.self) }
+            get { base.load(fromByteOffset: offset(\.anyCondition), as: UInt32.self) != 0 }
+            nonmutating set { base.storeBytes(of: newValue ? 1 : 0, toByteOffset: offset(\.anyCondition), as: UInt32.self) }
         }
         var wanted: Int {
-            get { base.load(fromByteOffset: 8, as: Int.self) }
-            nonmutating set { base.storeBytes(of: newValue, toByteOffset: 8, as: Int.self) }
+            get { base.load(fromByteOffset: offset(\.wanted), as: Int.self) }
+            nonmutating set { base.storeBytes(of: newValue, toByteOffset: offset(\.wanted), as: Int.self) }
         }
         var next: UnsafeMutableRawPointer? {
-            get { base.load(fromByteOffset: 16, as: UnsafeMutableRawPointer?.self) }
-            nonmutating set { base.storeBytes(of: newValue, toByteOffset: 16, as: UnsafeMutableRawPointer?.self) }
+            get { base.load(fromByteOffset: offset(\.next), as: UnsafeMutableRawPointer?.self) }
+            nonmutating set { base.storeBytes(of: newValue, toByteOffset: offset(\.next), as: UnsafeMutableRawPointer?.self) }
         }
         var previous: UnsafeMutableRawPointer? {
-            get { base.load(fromByteOffset: 24, as: UnsafeMutableRawPointer?.self) }
-            nonmutating set { base.storeBytes(of: newValue, toByteOffset: 24, as: UnsafeMutableRawPointer?.self) }
+            get { base.load(fromByteOffset: offset(\.previous), as: UnsafeMutableRawPointer?.self) }
+            nonmutating set { base.storeBytes(of: newValue, toByteOffset: offset(\.previous), as: UnsafeMutableRawPointer?.self) }
         }
 
         func admits(_ condition: Int) -> Bool { anyCondition || wanted == condition }
@@ -334,7 +356,7 @@ extension ConditionLock {
             guardLock.unlock()
             return false
         }
-        return withUnsafeTemporaryAllocation(byteCount: Waiter.byteCount, alignment: 8) { buffer in
+        return withUnsafeTemporaryAllocation(byteCount: Waiter.byteCount, alignment: Waiter.alignment) { buffer in
             let me = Waiter(base: buffer.baseAddress!)
             me.state.initialize(to: Waiter.waiting)
             me.anyCondition = anyCondition

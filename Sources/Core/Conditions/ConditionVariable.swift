@@ -34,17 +34,29 @@ public struct ConditionVariable: @unchecked Sendable {
     // @unchecked: the storage is only touched through atomics on its words;
     // the paired lock is published once by compare-and-swap and never changes.
 
-    /// Owns the words: the paired lock's storage (a retained object pointer,
-    /// 0 until the first wait) at 0 and the condition's words from 8.
+    /// The words, laid out by this struct (read through
+    /// `MemoryLayout.offset(of:)`).
+    @usableFromInline
+    struct Words {
+        /// The paired lock's storage: a retained object pointer, 0 until the
+        /// first wait (atomic).
+        @usableFromInline var paired: UInt
+        /// The condition's own words (`FutexCondition`).
+        @usableFromInline var condition: FutexCondition.Words
+    }
+
+    /// Owns the words (`Words`), in a heap block that never moves.
     @usableFromInline
     final class Storage {
         @usableFromInline let base: UnsafeMutableRawPointer
         init() {
-            base = allocateStableWords(byteCount: 8 + FutexCondition.byteCount)
-            FutexCondition.initialize(at: base + 8)
+            base = allocateStableWords(byteCount: MemoryLayout<Words>.size)
+            FutexCondition.initialize(at: base + MemoryLayout<Words>.offset(of: \.condition)!)
         }
         deinit {
-            let paired = AtomicMemory.load(from: base.assumingMemoryBound(to: UInt.self), ordering: .acquiring)
+            let paired = AtomicMemory.load(
+                from: (base + MemoryLayout<Words>.offset(of: \.paired)!).assumingMemoryBound(to: UInt.self),
+                ordering: .acquiring)
             if let pointer = UnsafeRawPointer(bitPattern: paired) {
                 Unmanaged<Lock.Storage>.fromOpaque(pointer).release()
             }
@@ -60,10 +72,12 @@ public struct ConditionVariable: @unchecked Sendable {
     }
 
     @inlinable
-    var pairedWord: UnsafeMutablePointer<UInt> { storage.base.assumingMemoryBound(to: UInt.self) }
+    var pairedWord: UnsafeMutablePointer<UInt> {
+        (storage.base + MemoryLayout<Words>.offset(of: \.paired)!).assumingMemoryBound(to: UInt.self)
+    }
 
     @inlinable
-    var queue: FutexCondition { FutexCondition(base: storage.base + 8) }
+    var queue: FutexCondition { FutexCondition(base: storage.base + MemoryLayout<Words>.offset(of: \.condition)!) }
 
     // MARK: Waiting
 

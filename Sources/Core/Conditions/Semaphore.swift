@@ -45,16 +45,28 @@
 public struct Semaphore: @unchecked Sendable {
     // @unchecked: the storage is only touched through atomics and the kernel.
 
-    /// Owns the words: the count (Int at 0), the wake-up tokens (UInt32 at 8,
-    /// the futex word sleepers wait on), the number of threads that may be
-    /// asleep (UInt32 at 12) and the waiters' spin limit (UInt32 at 16).
+    /// The semaphore's words, laid out by this struct (read through
+    /// `MemoryLayout.offset(of:)`, never by hand-written offsets).
+    @usableFromInline
+    struct Words {
+        /// Resources available, or minus the number of waiters.
+        @usableFromInline var count: Int
+        /// Wake-up tokens: the futex word sleepers wait on.
+        @usableFromInline var tokens: UInt32
+        /// How many threads may be asleep.
+        @usableFromInline var sleepers: UInt32
+        /// The waiters' spin limit (`AdaptiveSpin`).
+        @usableFromInline var spin: UInt32
+    }
+
+    /// Owns the words (`Words`), in a heap block that never moves.
     @usableFromInline
     final class Storage {
         @usableFromInline let base: UnsafeMutableRawPointer
         init(value: Int) {
-            base = allocateStableWords(byteCount: 20)
-            base.storeBytes(of: value, as: Int.self)
-            (base + 16).storeBytes(of: AdaptiveSpin.initialPolls, as: UInt32.self)
+            base = allocateStableWords(byteCount: MemoryLayout<Words>.size)
+            (base + MemoryLayout<Words>.offset(of: \.count)!).storeBytes(of: value, as: Int.self)
+            (base + MemoryLayout<Words>.offset(of: \.spin)!).storeBytes(of: AdaptiveSpin.initialPolls, as: UInt32.self)
         }
         deinit {
             LockNames.forget(base)
@@ -88,17 +100,23 @@ public struct Semaphore: @unchecked Sendable {
         storage = Storage(value: value)
     }
 
+    /// The word `field` of `Words`.
     @inlinable
-    var count: UnsafeMutablePointer<Int> { storage.base.assumingMemoryBound(to: Int.self) }
+    func word<T>(_ field: KeyPath<Words, T>) -> UnsafeMutablePointer<T> {
+        (storage.base + MemoryLayout<Words>.offset(of: field)!).assumingMemoryBound(to: T.self)
+    }
 
     @inlinable
-    var tokens: UnsafeMutablePointer<UInt32> { (storage.base + 8).assumingMemoryBound(to: UInt32.self) }
+    var count: UnsafeMutablePointer<Int> { word(\.count) }
 
     @inlinable
-    var sleepers: UnsafeMutablePointer<UInt32> { (storage.base + 12).assumingMemoryBound(to: UInt32.self) }
+    var tokens: UnsafeMutablePointer<UInt32> { word(\.tokens) }
 
     @inlinable
-    var spin: AdaptiveSpin { AdaptiveSpin((storage.base + 16).assumingMemoryBound(to: UInt32.self)) }
+    var sleepers: UnsafeMutablePointer<UInt32> { word(\.sleepers) }
+
+    @inlinable
+    var spin: AdaptiveSpin { AdaptiveSpin(word(\.spin)) }
 
     /// The count now: available resources if positive, minus the number of
     /// waiting threads if negative. A snapshot, for tests and diagnostics.
