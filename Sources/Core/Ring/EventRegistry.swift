@@ -56,6 +56,11 @@ package final class EventRegistry: @unchecked Sendable {
         let fd: Int32
         let interest: Readiness
         var armed: Bool
+        /// Whether the descriptor's current kernel watch was made with this
+        /// registration in it. A report of a watch made before the
+        /// registration joined concerns whatever file had the number then
+        /// (closed and reused since, perhaps), so it never reaches it.
+        var covered = false
     }
 
     private struct Descriptor {
@@ -217,6 +222,7 @@ package final class EventRegistry: @unchecked Sendable {
             d.watch = KernelWatch(key: key, pending: true)
             d.watched = wanted
             pendingWatches += 1
+            for t in d.tokens { registrations[t]!.covered = true }
         } else {
             d.watch = nil
             let reason: DescriptorWatchError.Reason = rc == -EBADF ? .notOpen : rc == -EPERM ? .alwaysReady : .kernelRefused
@@ -227,9 +233,9 @@ package final class EventRegistry: @unchecked Sendable {
 
     /// Disarms every armed registration of `d`; returns a failure report
     /// for each. Under `lock`.
-    private func fail(_ d: inout Descriptor, with error: DescriptorWatchError) -> [ReadyEvent] {
+    private func fail(_ d: inout Descriptor, with error: DescriptorWatchError, coveredOnly: Bool = false) -> [ReadyEvent] {
         var out: [ReadyEvent] = []
-        for t in d.tokens where registrations[t]!.armed {
+        for t in d.tokens where registrations[t]!.armed && (!coveredOnly || registrations[t]!.covered) {
             registrations[t]!.armed = false
             out.append(ReadyEvent(token: t, readiness: [], failure: error))
         }
@@ -314,14 +320,19 @@ package final class EventRegistry: @unchecked Sendable {
                     } else {
                         d.watch = nil
                         let reason: DescriptorWatchError.Reason = code == EBADF ? .notOpen : .kernelRefused
-                        events += fail(&d, with: DescriptorWatchError(descriptor: fd, reason: reason, code: code))
+                        // Only the registrations the watch was made for: one
+                        // that joined since (the number closed and reused)
+                        // gets a watch of its own.
+                        events += fail(
+                            &d, with: DescriptorWatchError(descriptor: fd, reason: reason, code: code), coveredOnly: true)
+                        if d.tokens.contains(where: { registrations[$0]!.armed }) { markDirtyAfter(&d, fd) }
                     }
                 } else {
                     let ready = Readiness(rawValue: UInt32(c.result))
                     var stillArmed = false
                     for t in d.tokens where registrations[t]!.armed {
                         let hit = ready.intersection(registrations[t]!.interest.union([.error, .hangup]))
-                        if hit.isEmpty {
+                        if hit.isEmpty || !registrations[t]!.covered {
                             stillArmed = true
                         } else {
                             registrations[t]!.armed = false
