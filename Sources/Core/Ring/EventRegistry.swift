@@ -189,11 +189,14 @@ package final class EventRegistry: @unchecked Sendable {
     /// registry's lock for the duration (epoll_ctl system calls on epoll; no
     /// system call on io_uring, which submits with its next wait).
     package func applyChanges() {
-        lock.withLock {
-            guard !dirty.isEmpty else { return }
-            for fd in dirty { reconcile(fd) }
-            dirty.removeAll(keepingCapacity: true)
-        }
+        lock.withLock { applyChangesLocked() }
+    }
+
+    /// `applyChanges` with `lock` held.
+    private func applyChangesLocked() {
+        guard !dirty.isEmpty else { return }
+        for fd in dirty { reconcile(fd) }
+        dirty.removeAll(keepingCapacity: true)
     }
 
     /// Makes `fd`'s kernel watch match its armed registrations. Under `lock`.
@@ -253,17 +256,21 @@ package final class EventRegistry: @unchecked Sendable {
     /// way (`LoopWakeState.spinBeforeSleep`); with no descriptor watched it
     /// sleeps on the wake word instead of in the kernel.
     package func wait(until deadline: MonotonicClock.Instant?, events: inout [ReadyEvent]) -> Bool {
-        applyChanges()
-        let failed: Bool = lock.withLock {
-            guard !failures.isEmpty else { return false }
-            events += failures
-            failures.removeAll()
-            return true
+        // One hold of the lock: apply the changes, take the failures they
+        // found, and learn whether any watch is in the kernel.
+        let (failed, watching): (Bool, Bool) = lock.withLock {
+            applyChangesLocked()
+            let failed = !failures.isEmpty
+            if failed {
+                events += failures
+                failures.removeAll()
+            }
+            return (failed, pendingWatches > 0)
         }
         var timeout = failed ? 0 : timeoutNanoseconds(until: deadline)
         var woken = false
         if timeout != 0 {
-            let kernelWork = lock.withLock { pendingWatches > 0 } || backend.hasUnsubmittedChanges
+            let kernelWork = watching || backend.hasUnsubmittedChanges
             switch wakeState.waitBeforeKernel(until: deadline, descriptorsArmed: kernelWork) {
             case .woken:
                 // Do not delay descriptors that are ready too.
