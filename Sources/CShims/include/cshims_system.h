@@ -90,6 +90,21 @@ CSHIMS_INLINE void cshims_set_current_thread(void *record) { cshims_current_thre
 extern __thread char cshims_thread_token_byte;
 CSHIMS_INLINE uintptr_t cshims_thread_token(void) { return (uintptr_t)&cshims_thread_token_byte; }
 
+// The innermost work-queue frame of the calling thread: a linked list of
+// stack records, one per queue whose item this thread is running (Spindle's
+// Queues layer reads it for `WorkQueue.current` and the own-queue deadlock
+// check). NULL outside any item.
+extern __thread void *cshims_queue_frame_record;
+CSHIMS_INLINE void *cshims_queue_frame(void) { return cshims_queue_frame_record; }
+CSHIMS_INLINE void cshims_set_queue_frame(void *frame) { cshims_queue_frame_record = frame; }
+
+// The calling thread's blocking observer: set on worker-pool threads, told
+// when a blocking wait (condition, semaphore, join, ...) begins and ends, so
+// the pool can start a replacement worker. NULL elsewhere.
+extern __thread void *cshims_blocking_observer_record;
+CSHIMS_INLINE void *cshims_blocking_observer(void) { return cshims_blocking_observer_record; }
+CSHIMS_INLINE void cshims_set_blocking_observer(void *observer) { cshims_blocking_observer_record = observer; }
+
 // The side table of `synchronized`: 256 cache lines, zero from the start
 // (an unlocked guard and an empty list each), so it needs no initializer.
 #define CSHIMS_SYNC_BUCKETS 256

@@ -378,7 +378,7 @@ extension ConditionLock {
         if !announced.exchanged { return true }  // granted meanwhile
         let futex = Futex(me.state)
         while true {
-            let result = futex.wait(expecting: Waiter.sleeping, until: deadline)
+            let result = announcingBlocking { futex.wait(expecting: Waiter.sleeping, until: deadline) }
             if granted() { return true }
             if result == .timedOut {
                 guardLock.lock()

@@ -271,7 +271,7 @@ struct FutexCondition {
             if AtomicMemory.load(from: sequence, ordering: .sequentiallyConsistent) != observed {
                 return (true, false)
             }
-            let result = futex.wait(expecting: observed, until: deadline)
+            let result = announcingBlocking { futex.wait(expecting: observed, until: deadline) }
             if result == .valueChanged { return (true, false) }  // never slept, so never moved
             let after = AtomicMemory.load(from: broadcasts, ordering: .sequentiallyConsistent)
             let mayHaveMoved = before & Self.inFlightMask != 0 || after != before

@@ -186,7 +186,7 @@ public struct Semaphore: @unchecked Sendable {
                 deadline = .distantFuture
                 continue
             }
-            _ = futex.wait(expecting: 0, until: deadline)
+            _ = announcingBlocking { futex.wait(expecting: 0, until: deadline) }
         }
     }
 

@@ -23,4 +23,10 @@ struct GuardLock: Locking, @unchecked Sendable {
     func tryLock() -> Bool { mutex.tryLock() }
     func lock(before deadline: MonotonicClock.Instant) -> Bool { mutex.lock(before: deadline) }
     func unlock() { mutex.unlock() }
+
+    /// In a child after `fork()`, where a parent thread may have held it:
+    /// unlocked again. No other thread exists there to hold it.
+    func reinitializeAfterFork() {
+        AtomicMemory.store(0, to: mutex.word, ordering: .relaxed)
+    }
 }

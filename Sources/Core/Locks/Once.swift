@@ -91,7 +91,7 @@ public struct Once: @unchecked Sendable {
                     let r = AtomicMemory.compareExchange(expected: Self.running, desired: Self.waited, at: word, ordering: .acquiring)
                     if !r.exchanged { state = r.original; continue }
                 }
-                _ = Futex(word).wait(expecting: Self.waited)
+                _ = announcingBlocking { Futex(word).wait(expecting: Self.waited) }
                 state = AtomicMemory.load(from: word, ordering: .acquiring)
             }
         }

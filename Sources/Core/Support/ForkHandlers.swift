@@ -39,5 +39,7 @@ enum ForkHandlers {
     private static func child() {
         LoopRegistry.childAfterFork()
         NativeThread.childAfterFork()
+        WorkerPool.childAfterForkAll()
+        DelayedWork.shared.childAfterFork()
     }
 }

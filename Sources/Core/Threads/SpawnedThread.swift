@@ -333,7 +333,7 @@ public final class SpawnedThread<Value: Sendable>: NativeThread, @unchecked Send
     /// caller itself.
     public func join() throws -> Value {
         let thread = beginJoin("join()")
-        let rc = pthread_join(thread, nil)
+        let rc = announcingBlocking { pthread_join(thread, nil) }
         if rc != 0 { misuse("SpawnedThread.join(): pthread_join on \(self) failed: \(errnoDescription(rc))") }
         return try takeOutcome()
     }
@@ -352,7 +352,7 @@ public final class SpawnedThread<Value: Sendable>: NativeThread, @unchecked Send
     public func join(until deadline: MonotonicClock.Instant) throws -> Value? {
         if deadline.isDistantFuture { return try join() }
         let thread = beginJoin("join(until:)")
-        let rc = cshims_thread_join_until(thread, max(deadline.nanoseconds, 0))
+        let rc = announcingBlocking { cshims_thread_join_until(thread, max(deadline.nanoseconds, 0)) }
         switch -rc {
         case 0:
             return try takeOutcome()

@@ -1,0 +1,261 @@
+import CShims
+
+/// One thread of a `WorkerPool`: its local ring, its park word, and the loop
+/// that finds and runs work. Installed as its thread's `BlockingObserver`, so
+/// a blocking wait inside an item gives the worker's permit back to the pool.
+final class PoolWorker: BlockingObserver, @unchecked Sendable {
+    // @unchecked: `local` is guarded by `localLock`; `tick`, `isSearching`
+    // and `stealBuffer` are touched only by the worker's own thread; the park
+    // word is atomic.
+
+    unowned(unsafe) let pool: WorkerPool
+    let number: Int
+    let local = WorkRing(capacity: 256)
+    let localLock = GuardLock()
+    /// 0 running, 1 parked (futex word).
+    private let parkWord: UnsafeMutablePointer<UInt32>
+    private var tick = 0
+    private var isSearching = true
+    private static let stealLimit = 64
+    private let stealBuffer: UnsafeMutablePointer<WorkUnit>
+
+    init(pool: WorkerPool, number: Int) {
+        self.pool = pool
+        self.number = number
+        parkWord = allocateStableWords(byteCount: 4).assumingMemoryBound(to: UInt32.self)
+        stealBuffer = .allocate(capacity: Self.stealLimit)
+    }
+
+    deinit {
+        UnsafeMutableRawPointer(parkWord).deallocate()
+        stealBuffer.deallocate()
+    }
+
+    /// The pool worker running on the calling thread, or nil (also nil inside
+    /// a blocking region, where the observer is off the thread).
+    @inline(__always)
+    static var current: PoolWorker? {
+        guard let raw = cshims_blocking_observer() else { return nil }
+        // Only pool workers install observers.
+        return unsafeDowncast(Unmanaged<BlockingObserver>.fromOpaque(raw).takeUnretainedValue(), to: PoolWorker.self)
+    }
+
+    func start() {
+        var attributes = NativeThread.Attributes()
+        attributes.name = "spindle.\(pool.band.threadName)"
+        do {
+            try NativeThread.detach(attributes) { [self] in self.main() }
+        } catch {
+            // The machine refused a thread (RLIMIT_NPROC, memory). Give the
+            // permit back; queued work waits for the workers there are.
+            pool.lock.lock()
+            pool.threadCount -= 1
+            pool.workers.removeAll { $0 === self }
+            pool.lock.unlock()
+            AtomicMemory.add(-1, to: pool.searching, ordering: .sequentiallyConsistent)
+            AtomicMemory.add(-1, to: pool.active, ordering: .sequentiallyConsistent)
+            if pool.threadCountNow == 0 {
+                misuse("WorkerPool: cannot start any worker thread for the \(pool.band.name) pool: \(error)")
+            }
+        }
+    }
+
+    // MARK: The worker's loop
+
+    private func main() {
+        if let nice = pool.band.niceValue {
+            // Lowering is always allowed; a failure (a seccomp profile) leaves
+            // the worker at the process's priority.
+            try? NativeThread.current.setPriority(.relative(NativeThread.Priority.relative(forNice: nice)))
+        }
+        BlockingObserver.install(self)
+        defer { BlockingObserver.install(nil) }
+        while true {
+            if let (unit, lane) = findWork() {
+                if isSearching { stopSearching() }
+                QueueFrame.with(pool.globalQueue(lane: lane)) { unit.run() }
+                // Over width: a worker came back from a blocking wait while
+                // its replacement ran. Give the permit back.
+                if AtomicMemory.load(from: pool.active, ordering: .relaxed) > pool.width {
+                    if !park() { return }
+                }
+                continue
+            }
+            if !isSearching {
+                isSearching = true
+                AtomicMemory.add(1, to: pool.searching, ordering: .sequentiallyConsistent)
+            }
+            if spinForWork() { continue }
+            if !park() { return }
+        }
+    }
+
+    /// A searcher found work. If it was the last searcher and more work is
+    /// queued, another worker starts searching (the burst spreads).
+    private func stopSearching() {
+        isSearching = false
+        let left = AtomicMemory.add(-1, to: pool.searching, ordering: .sequentiallyConsistent)
+        if left == 0 && pool.hasQueuedWork() { pool.notifyIfNeeded() }
+    }
+
+    /// Local ring, injector lanes and stealing, in the order described on
+    /// `WorkerPool`.
+    private func findWork() -> (WorkUnit, lane: Int)? {
+        let defaultLane = WorkerPool.defaultLane
+        tick &+= 1
+        if tick % 61 == 0, let unit = pool.takeFromInjector(lane: defaultLane) { return (unit, defaultLane) }
+        if let unit = pool.takeFromInjector(lane: WorkerPool.highLane) { return (unit, WorkerPool.highLane) }
+        if local.approximateCount > 0 {
+            localLock.lock()
+            let unit = local.popFront()
+            localLock.unlock()
+            if let unit { return (unit, defaultLane) }
+        }
+        if let unit = pool.takeFromInjector(lane: defaultLane) { return (unit, defaultLane) }
+        if let unit = steal() { return (unit, defaultLane) }
+        return nil
+    }
+
+    /// Takes half of another worker's ring (at most `stealLimit` units):
+    /// runs the first, keeps the rest in its own ring.
+    private func steal() -> WorkUnit? {
+        let all = pool.workerSnapshot()
+        guard all.count > 1 else { return nil }
+        let start = Int.random(in: 0..<all.count)
+        for i in 0..<all.count {
+            let victim = all[(start + i) % all.count]
+            if victim === self || victim.local.approximateCount == 0 { continue }
+            victim.localLock.lock()
+            let n = victim.local.popFront(into: stealBuffer, limit: min(Self.stealLimit, (victim.local.count + 1) / 2))
+            victim.localLock.unlock()
+            if n == 0 { continue }
+            let first = stealBuffer.move()
+            if n > 1 {
+                localLock.lock()
+                for j in 1..<n { local.pushBack((stealBuffer + j).move()) }
+                localLock.unlock()
+            }
+            return first
+        }
+        return nil
+    }
+
+    /// Pushes a unit submitted from this worker onto its own ring.
+    @inline(__always)
+    func pushLocal(_ unit: consuming WorkUnit) {
+        localLock.lock()
+        local.pushBack(unit)
+        localLock.unlock()
+    }
+
+    /// The last searcher polls the rings' counts for up to `spinBeforePark`;
+    /// true if work appeared. Others return at once.
+    private func spinForWork() -> Bool {
+        guard AtomicMemory.load(from: pool.searching, ordering: .relaxed) == 1 else { return false }
+        let deadline = MonotonicClock.now.advanced(by: WorkerPool.spinBeforePark)
+        while true {
+            for _ in 0..<64 {
+                if pool.injector[0].approximateCount > 0 || pool.injector[1].approximateCount > 0
+                    || local.approximateCount > 0
+                {
+                    return true
+                }
+                spinLoopHint()
+            }
+            if pool.hasQueuedWork() { return true }
+            if MonotonicClock.now >= deadline { return false }
+        }
+    }
+
+    /// Gives the permit back and sleeps until handed one again. Returns false
+    /// if the worker should exit (it was beyond `width` and idle for
+    /// `idleExit`).
+    private func park() -> Bool {
+        let pool = self.pool
+        AtomicMemory.store(1, to: parkWord, ordering: .relaxed)
+        pool.lock.lock()
+        pool.idle.append(self)
+        AtomicMemory.add(1, to: pool.idleCount, ordering: .sequentiallyConsistent)
+        if isSearching {
+            isSearching = false
+            AtomicMemory.add(-1, to: pool.searching, ordering: .sequentiallyConsistent)
+        }
+        AtomicMemory.add(-1, to: pool.active, ordering: .sequentiallyConsistent)
+        pool.lock.unlock()
+        // The other half of the submitter's push-then-check: work pushed
+        // before our decrement became visible is seen here.
+        if pool.hasQueuedWork() && reclaimPermit() { return true }
+        let futex = Futex(parkWord)
+        while AtomicMemory.load(from: parkWord, ordering: .acquiring) == 1 {
+            let deadline = MonotonicClock.now.advanced(by: WorkerPool.idleExit)
+            if futex.wait(expecting: 1, until: deadline) == .timedOut {
+                if retireIfSpare() {
+                    if pool.hasQueuedWork() { pool.notifyIfNeeded() }
+                    return false
+                }
+            }
+        }
+        // Woken by `WorkerPool.wakeOne`, which counted us active and searching.
+        isSearching = true
+        return true
+    }
+
+    /// Takes itself off the idle list with a permit, if nobody has yet.
+    private func reclaimPermit() -> Bool {
+        pool.lock.lock()
+        guard let i = pool.idle.firstIndex(where: { $0 === self }) else {
+            pool.lock.unlock()
+            return false  // someone is waking us: the wake-up is on its way
+        }
+        if AtomicMemory.load(from: pool.active, ordering: .relaxed) >= pool.width {
+            pool.lock.unlock()
+            return false  // another worker has the permit; it will find the work
+        }
+        pool.idle.remove(at: i)
+        AtomicMemory.add(-1, to: pool.idleCount, ordering: .sequentiallyConsistent)
+        AtomicMemory.add(1, to: pool.active, ordering: .sequentiallyConsistent)
+        AtomicMemory.add(1, to: pool.searching, ordering: .sequentiallyConsistent)
+        AtomicMemory.store(0, to: parkWord, ordering: .relaxed)
+        pool.lock.unlock()
+        isSearching = true
+        return true
+    }
+
+    /// After `idleExit` without work: a worker beyond `width` leaves the pool.
+    private func retireIfSpare() -> Bool {
+        pool.lock.lock()
+        defer { pool.lock.unlock() }
+        guard pool.threadCount > pool.width,
+              let i = pool.idle.firstIndex(where: { $0 === self })
+        else { return false }
+        pool.idle.remove(at: i)
+        AtomicMemory.add(-1, to: pool.idleCount, ordering: .sequentiallyConsistent)
+        pool.workers.removeAll { $0 === self }
+        pool.threadCount -= 1
+        // A worker that parked because the pool was over width may still
+        // hold units it pushed itself: they go to the injector, where the
+        // remaining workers find them.
+        localLock.lock()
+        while let unit = local.popFront() { pool.injector[WorkerPool.defaultLane].pushBack(unit) }
+        localLock.unlock()
+        return true
+    }
+
+    /// Hands this parked worker a permit (the waker counted it). Releasing:
+    /// pairs with the acquiring load in `park`.
+    func unpark() {
+        AtomicMemory.store(0, to: parkWord, ordering: .releasing)
+        Futex(parkWord).wake()
+    }
+
+    // MARK: BlockingObserver
+
+    override func willBlock() {
+        AtomicMemory.add(-1, to: pool.active, ordering: .sequentiallyConsistent)
+        if pool.hasQueuedWork() { pool.notifyIfNeeded() }
+    }
+
+    override func didUnblock() {
+        AtomicMemory.add(1, to: pool.active, ordering: .sequentiallyConsistent)
+    }
+}

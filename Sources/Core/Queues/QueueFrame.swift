@@ -1,0 +1,54 @@
+import CShims
+
+/// The queues whose items the calling thread is running, innermost first: a
+/// linked list of records on the thread's stack, headed by a C thread-local
+/// (`cshims_queue_frame`). A queue drained as an item of its target shows
+/// both (the target's frame, then the queue's), so the list holds the whole
+/// target chain of the item running now. Used for `WorkQueue.current`, for
+/// `isCurrent` and for the deadlock checks of `sync` and `apply`.
+struct QueueFrame {
+    /// The queue, unretained: whoever pushed the frame holds it.
+    let queue: Unmanaged<WorkQueue>
+    let previous: UnsafeMutableRawPointer?
+
+    /// Runs `body` with `queue` as the thread's innermost frame.
+    @inline(__always)
+    static func with<T, E: Error>(_ queue: WorkQueue, _ body: () throws(E) -> T) throws(E) -> T {
+        var frame = QueueFrame(queue: .passUnretained(queue), previous: cshims_queue_frame())
+        return try withUnsafeMutablePointer(to: &frame) { (pointer) throws(E) -> T in
+            cshims_set_queue_frame(UnsafeMutableRawPointer(pointer))
+            defer { cshims_set_queue_frame(pointer.pointee.previous) }
+            return try body()
+        }
+    }
+
+    /// The innermost queue, or nil outside any item.
+    static var innermost: WorkQueue? {
+        guard let raw = cshims_queue_frame() else { return nil }
+        return raw.assumingMemoryBound(to: QueueFrame.self).pointee.queue.takeUnretainedValue()
+    }
+
+    /// Whether the calling thread is running an item of `queue` (directly or
+    /// as the target of the queue it drains).
+    static func contains(_ queue: WorkQueue) -> Bool {
+        var raw = cshims_queue_frame()
+        while let r = raw {
+            let frame = r.assumingMemoryBound(to: QueueFrame.self).pointee
+            if frame.queue.toOpaque() == Unmanaged.passUnretained(queue).toOpaque() { return true }
+            raw = frame.previous
+        }
+        return false
+    }
+
+    /// Every queue in the list, innermost first.
+    static var all: [WorkQueue] {
+        var queues: [WorkQueue] = []
+        var raw = cshims_queue_frame()
+        while let r = raw {
+            let frame = r.assumingMemoryBound(to: QueueFrame.self).pointee
+            queues.append(frame.queue.takeUnretainedValue())
+            raw = frame.previous
+        }
+        return queues
+    }
+}

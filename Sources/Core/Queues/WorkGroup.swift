@@ -1,0 +1,111 @@
+/// A count of unfinished work that callers can wait on, or be notified
+/// about: the guide's dispatch group.
+///
+/// `enter()` adds one, `leave()` takes one away; `async(group:_:)` on a
+/// queue does both around an item. `wait` blocks until the count is zero
+/// (one wait for every member at once, where thread joins would take one
+/// after another); `notify(on:_:)` submits a closure to a queue once the
+/// count is zero. Waiting on, or notifying about, an empty group completes
+/// at once.
+///
+/// Thread-safe. Memory: everything a member wrote before its `leave()` is
+/// visible to a waiter after `wait` returns and to a notification closure.
+/// Misuse: `leave()` without a matching `enter()` stops the process with a
+/// message (Dispatch on Linux dies of SIGILL without one), and so does a
+/// count beyond 2^31 - 1.
+///
+/// The count and a "someone sleeps" bit share one futex word: `leave` makes
+/// a system call only when it empties the group while someone waits.
+public final class WorkGroup: @unchecked Sendable {
+    // @unchecked: the word is atomic; `notifications` is guarded by `lock`.
+
+    private static let waitersBit: UInt32 = 1 << 31
+    private static let countMask: UInt32 = ~waitersBit
+
+    private let word: UnsafeMutablePointer<UInt32>
+    private let lock = GuardLock()
+    private var notifications: [(WorkQueue, @Sendable () -> Void)] = []
+
+    /// An empty group.
+    public init() {
+        word = allocateStableWords(byteCount: 4).assumingMemoryBound(to: UInt32.self)
+    }
+
+    deinit { UnsafeMutableRawPointer(word).deallocate() }
+
+    /// Members that have entered and not left (stale at once).
+    public var count: Int { Int(AtomicMemory.load(from: word, ordering: .relaxed) & Self.countMask) }
+
+    /// Adds one unfinished member. Never blocks.
+    public func enter() {
+        let now = AtomicMemory.add(1, to: word, ordering: .relaxed)
+        if now & Self.countMask == 0 {
+            misuse("WorkGroup.enter(): more than \(Self.countMask) members at once")
+        }
+    }
+
+    /// Marks one member finished; the last one wakes the waiters and submits
+    /// the notifications. Never blocks (beyond a short internal lock).
+    /// Releasing: pairs with the waiters' acquiring loads. Stops the process
+    /// if the group is empty (a `leave` without its `enter`).
+    public func leave() {
+        let now = AtomicMemory.add(UInt32.max, to: word, ordering: .acquiringAndReleasing)
+        let count = now & Self.countMask
+        if count == Self.countMask {
+            misuse("WorkGroup.leave(): the group is empty; leave() was called more times than enter()")
+        }
+        guard count == 0 else { return }
+        if now & Self.waitersBit != 0 {
+            _ = AtomicMemory.and(Self.countMask, into: word, ordering: .relaxed)
+            Futex(word).wakeAll()
+        }
+        lock.lock()
+        let due = notifications
+        notifications = []
+        lock.unlock()
+        for (queue, body) in due { queue.async(body) }
+    }
+
+    /// Blocks until the group is empty. A blocking region on a pool worker.
+    /// Acquiring: sees everything the members wrote.
+    public func wait() {
+        _ = wait(until: .distantFuture)
+    }
+
+    /// Blocks until the group is empty or `deadline` passes; a deadline
+    /// already past only checks.
+    public func wait(until deadline: MonotonicClock.Instant) -> WorkWaitResult {
+        if AtomicMemory.load(from: word, ordering: .acquiring) & Self.countMask == 0 { return .completed }
+        return announcingBlocking {
+            while true {
+                let state = AtomicMemory.load(from: word, ordering: .acquiring)
+                if state & Self.countMask == 0 { return .completed }
+                if !deadline.isDistantFuture && MonotonicClock.now >= deadline { return .timedOut }
+                if state & Self.waitersBit == 0 {
+                    let r = AtomicMemory.compareExchange(
+                        expected: state, desired: state | Self.waitersBit, at: word, ordering: .relaxed)
+                    if !r.exchanged { continue }
+                }
+                _ = Futex(word).wait(expecting: state | Self.waitersBit, until: deadline)
+            }
+        }
+    }
+
+    /// Blocks until the group is empty or `timeout` has passed.
+    public func wait(timeout: Duration) -> WorkWaitResult {
+        wait(until: MonotonicClock.now.advanced(by: timeout))
+    }
+
+    /// Submits `body` to `queue` once the group is empty: at once if it is
+    /// empty now, else when the last member leaves. Never blocks.
+    public func notify(on queue: WorkQueue, _ body: @escaping @Sendable () -> Void) {
+        lock.lock()
+        if AtomicMemory.load(from: word, ordering: .acquiring) & Self.countMask == 0 {
+            lock.unlock()
+            queue.async(body)
+            return
+        }
+        notifications.append((queue, body))
+        lock.unlock()
+    }
+}

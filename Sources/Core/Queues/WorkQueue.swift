@@ -1,0 +1,538 @@
+/// A queue of work items, the Concurrency Programming Guide's dispatch
+/// queue, on Spindle's worker pool.
+///
+/// - A **serial** queue runs one item at a time, in the order submitted;
+///   successive items may run on different threads. Distinct serial queues
+///   run concurrently with each other.
+/// - A **concurrent** queue starts its items in the order submitted and runs
+///   as many at once as its target allows (the pool's width for the global
+///   queues). Barrier items (`asyncBarrier`, `syncBarrier`) run alone: after
+///   everything submitted before them, before anything submitted after.
+/// - The **global** queues (`global(_:)`) are four shared concurrent queues,
+///   one per `Priority`, that run items straight on the pool; they cannot be
+///   suspended, retargeted or given barriers.
+/// - The **main** queue (`main`) is serial and runs its items on the main
+///   thread, as one custom source of `ThreadLoop.main` in its common modes:
+///   a program that runs its main loop drains it; one without a loop calls
+///   `WorkQueue.runMain()`.
+///
+/// Every queue has a target: its items run as if submitted to it (a queue
+/// you create targets the global queue of its priority unless told
+/// otherwise). A chain of serial queues serializes with its root.
+///
+/// Thread-safe: any thread may submit, suspend, resume or retarget.
+/// Submission orders memory: everything the submitter wrote before `async`
+/// or `sync` is visible to the item, and everything an item wrote is visible
+/// to the next item of a serial queue and to a `sync` caller after it
+/// returns.
+///
+/// Misuse stops the process with a message naming the queue: `sync` (or
+/// `syncBarrier`, or `apply` on a serial queue) onto a serial queue the
+/// caller is running on, directly or through the target chain; `resume()`
+/// more often than `suspend()`; a target that closes a cycle; barriers,
+/// suspension or a target on a global queue.
+///
+/// Memory: `async` stores the closure in the queue's ring; it allocates
+/// nothing beyond the closure's own context once the ring has grown to the
+/// queue's backlog.
+public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvertible {
+    // @unchecked: every mutable field is guarded by `lock` (see each), and
+    // the ring is only touched under it.
+
+    /// Whether a queue runs one item at a time.
+    public enum Kind: Sendable, Hashable {
+        /// One item at a time, in submission order.
+        case serial
+        /// Items start in submission order and may run at once.
+        case concurrent
+    }
+
+    /// The guide's priorities of the global queues (with the background band
+    /// later systems added). High and default share one band of workers
+    /// (high items start first); low runs on workers at nice 10, background
+    /// at nice 19.
+    public enum Priority: Int, Sendable, Hashable, CaseIterable, CustomStringConvertible {
+        case background, low, `default`, high
+
+        public var description: String {
+            switch self {
+            case .background: "background"
+            case .low: "low"
+            case .default: "default"
+            case .high: "high"
+            }
+        }
+
+        var pool: WorkerPool {
+            switch self {
+            case .high, .default: .standard
+            case .low: .low
+            case .background: .background
+            }
+        }
+
+        var lane: Int { self == .high ? WorkerPool.highLane : WorkerPool.defaultLane }
+    }
+
+    enum Role {
+        case global(WorkerPool, lane: Int, Priority)
+        case main
+        case privateQueue
+    }
+
+    /// The label given at creation, for debuggers, logs and descriptions.
+    public let label: String
+    /// Serial or concurrent.
+    public let kind: Kind
+    let role: Role
+    /// How many items may run at once: 1 for serial queues.
+    let width: Int
+
+    let lock = GuardLock()
+    /// Items not yet started. Guarded by `lock`.
+    let entries = WorkRing()
+    /// Items running now (a running barrier counts in `barrierActive`
+    /// instead). Guarded by `lock`.
+    var running = 0
+    /// Drains of this queue scheduled on its target or running. Guarded by `lock`.
+    var drainers = 0
+    /// Guarded by `lock`.
+    var suspendCount = 0
+    /// A barrier item is running. Guarded by `lock`.
+    var barrierActive = false
+    /// nil only for the global and main queues. Guarded by `lock`.
+    var targetQueue: WorkQueue?
+    /// Guarded by `lock`.
+    var contextValue: (any Sendable)?
+    /// Guarded by `lock`.
+    var finalizer: (@Sendable (any Sendable) -> Void)?
+    /// Guarded by `lock`.
+    var specifics: [ObjectIdentifier: any Sendable] = [:]
+
+    /// How many items a drain runs before it lets its worker go (requeueing
+    /// itself behind whatever else the target has), so one busy queue cannot
+    /// hold a worker while other queues wait.
+    static let drainBudget = 128
+
+    /// A new queue whose items run on the global queue of `priority`.
+    public convenience init(label: String, kind: Kind = .serial, priority: Priority = .default) {
+        self.init(label: label, kind: kind, target: WorkQueue.global(priority))
+    }
+
+    /// A new queue whose items run as if submitted to `target`. Stops the
+    /// process if the target is the main queue's chain and the queue is
+    /// concurrent (the main queue runs one item at a time).
+    public init(label: String, kind: Kind = .serial, target: WorkQueue) {
+        self.label = label
+        self.kind = kind
+        role = .privateQueue
+        width = kind == .serial ? 1 : target.effectivePool.width
+        targetQueue = target
+    }
+
+    private init(global priority: Priority) {
+        label = "spindle.global.\(priority)"
+        kind = .concurrent
+        role = .global(priority.pool, lane: priority.lane, priority)
+        width = priority.pool.width
+    }
+
+    private init(mainQueue: Void) {
+        label = "spindle.main"
+        kind = .serial
+        role = .main
+        width = 1
+    }
+
+    deinit {
+        // Only a suspended queue can go with items left (a scheduled drain
+        // holds its queue): they never run, and their groups are left.
+        for unit in entries.removeAll() { unit.discard() }
+        if let context = contextValue, let finalizer {
+            WorkQueue.global().async { finalizer(context) }
+        }
+    }
+
+    // MARK: The shared queues
+
+    private static let globals: [WorkQueue] = Priority.allCases.map { WorkQueue(global: $0) }
+
+    /// The shared concurrent queue of `priority`. Always the same object.
+    public static func global(_ priority: Priority = .default) -> WorkQueue {
+        globals[priority.rawValue]
+    }
+
+    /// The serial queue whose items run on the main thread, drained by
+    /// `ThreadLoop.main` in its common modes (one custom source there, added
+    /// the first time an item is queued) or by `runMain()`.
+    public static let main = WorkQueue(mainQueue: ())
+
+    /// Runs the main thread's loop forever, so that the main queue's items
+    /// (and every other source of the main loop) run: the guide's "drain the
+    /// main queue" call for programs without a run loop of their own. Never
+    /// returns. Stops the process if called on another thread.
+    public static func runMain() -> Never {
+        require(NativeThread.isMainThread, "WorkQueue.runMain(): call it on the main thread, whose loop drains the main queue")
+        MainQueueDrain.install()
+        while true { ThreadLoop.main.run() }
+    }
+
+    /// The queue whose item the calling thread is running (the innermost, for
+    /// an item of a queue drained through its target), or nil outside any
+    /// item. For diagnostics and identity checks, not for synchronization.
+    public static var current: WorkQueue? { QueueFrame.innermost }
+
+    /// Whether the calling thread is running an item of this queue, or of a
+    /// queue whose target chain reaches it. For the main queue, also true on
+    /// the main thread outside any item.
+    public var isCurrent: Bool {
+        if QueueFrame.contains(self) { return true }
+        if case .main = role { return NativeThread.isMainThread }
+        return false
+    }
+
+    /// Stops the process with a message naming this queue unless the calling
+    /// code runs on it (`isCurrent`).
+    public func requireCurrent(file: StaticString = #fileID, line: UInt = #line) {
+        if !isCurrent {
+            let running = QueueFrame.innermost.map { "'\($0.label)'" } ?? "no queue"
+            misuse("WorkQueue.requireCurrent(): expected to run on '\(label)', but the caller runs on \(running)", file: file, line: line)
+        }
+    }
+
+    /// Stops the process with a message naming this queue if the calling
+    /// code runs on it.
+    public func requireNotCurrent(file: StaticString = #fileID, line: UInt = #line) {
+        if isCurrent {
+            misuse("WorkQueue.requireNotCurrent(): the caller runs on '\(label)'", file: file, line: line)
+        }
+    }
+
+    // MARK: Identity
+
+    public static func == (lhs: WorkQueue, rhs: WorkQueue) -> Bool { lhs === rhs }
+    public func hash(into hasher: inout Hasher) { hasher.combine(ObjectIdentifier(self)) }
+
+    /// "WorkQueue(label, serial)".
+    public var description: String {
+        switch role {
+        case .global(_, _, let priority): "WorkQueue(global \(priority))"
+        case .main: "WorkQueue(main)"
+        case .privateQueue: "WorkQueue(\(label), \(kind == .serial ? "serial" : "concurrent"))"
+        }
+    }
+
+    /// The queue's target (nil for the global and main queues). Takes the
+    /// queue's lock.
+    public var target: WorkQueue? {
+        lock.lock()
+        defer { lock.unlock() }
+        return targetQueue
+    }
+
+    /// The pool the queue's items finally run on (the main queue's: the
+    /// standard pool's width, for concurrency bounds).
+    var effectivePool: WorkerPool {
+        switch role {
+        case .global(let pool, _, _): return pool
+        case .main: return .standard
+        case .privateQueue: return target!.effectivePool
+        }
+    }
+
+    /// Whether this queue runs its items itself (not straight on the pool).
+    var isGlobal: Bool {
+        if case .global = role { return true }
+        return false
+    }
+
+    // MARK: Submitting
+
+    /// Submits `body` and returns at once. Never blocks (beyond a short
+    /// internal lock). The closure runs once, on a pool worker (the main
+    /// thread for the main queue), after the queue's earlier items started
+    /// (serial: finished). Items handle their own errors.
+    public func async(_ body: @escaping @Sendable () -> Void) {
+        submit(.closure(body))
+    }
+
+    /// Submits `body` as a member of `group`: the group is entered now and
+    /// left when `body` has returned. Never blocks.
+    public func async(group: WorkGroup, _ body: @escaping @Sendable () -> Void) {
+        group.enter()
+        submit(.grouped(body, group))
+    }
+
+    /// Submits a work item. Never blocks. A work item runs once: submitting
+    /// it a second time stops the process.
+    public func async(_ item: WorkItem) {
+        item.markSubmitted("WorkQueue.async(_:)", to: self)
+        if item.isBarrier { requireBarrierAllowed("async(_:) of a barrier WorkItem") }
+        submit(.item(item))
+    }
+
+    /// Submits a barrier: it starts after every item submitted before it has
+    /// finished, runs alone, and finishes before any item submitted after it
+    /// starts. On a serial queue it is an ordinary item. Stops the process on
+    /// a global queue (a shared queue cannot be stopped for one client).
+    public func asyncBarrier(group: WorkGroup? = nil, _ body: @escaping @Sendable () -> Void) {
+        requireBarrierAllowed("asyncBarrier(_:)")
+        group?.enter()
+        submit(.barrier(body, group))
+    }
+
+    /// Submits `body` when `deadline` (on the monotonic clock) has passed:
+    /// never earlier. Never blocks. The wait happens on Spindle's delay
+    /// thread, which sleeps on a futex until the earliest deadline.
+    public func async(after deadline: MonotonicClock.Instant, _ body: @escaping @Sendable () -> Void) {
+        DelayedWork.shared.schedule(.closure(body), on: self, at: deadline)
+    }
+
+    /// Submits `body` after `delay`; see `async(after:_:)` with a deadline.
+    public func async(after delay: Duration, _ body: @escaping @Sendable () -> Void) {
+        async(after: MonotonicClock.now.advanced(by: delay), body)
+    }
+
+    /// Where a unit goes: straight to the pool for a global queue, into the
+    /// queue's ring otherwise.
+    @inline(__always)
+    func submit(_ unit: consuming WorkUnit) {
+        switch role {
+        case .global(let pool, let lane, _): pool.submit(unit, lane: lane)
+        case .main, .privateQueue: enqueue(unit)
+        }
+    }
+
+    /// Appends to the ring and schedules a drain if the unit can start now.
+    @inline(__always)
+    func enqueue(_ unit: consuming WorkUnit) {
+        lock.lock()
+        entries.pushBack(unit)
+        let schedule = claimDrainerLocked()
+        let target = targetQueue
+        lock.unlock()
+        if schedule { scheduleDrain(on: target) }
+    }
+
+    /// Counts one more drain if the front item could start now and a drain
+    /// slot is free. Under `lock`.
+    @inline(__always)
+    func claimDrainerLocked() -> Bool {
+        guard suspendCount == 0, !barrierActive, drainers < width, !entries.isEmpty else { return false }
+        if entries.frontIsBarrier ? running > 0 : running >= width { return false }
+        drainers += 1
+        return true
+    }
+
+    /// Hands one drain of this queue to its target (or, for the main queue,
+    /// to the main loop).
+    func scheduleDrain(on target: WorkQueue?) {
+        if let target {
+            target.submit(.drain(self))
+        } else {
+            MainQueueDrain.signal()
+        }
+    }
+
+    func requireBarrierAllowed(_ api: String) {
+        if isGlobal {
+            misuse("WorkQueue.\(api): '\(label)' is a global queue, which other code shares; barriers need a concurrent queue of your own")
+        }
+    }
+
+    // MARK: Draining
+
+    /// Runs items of this queue on the calling worker until none can start,
+    /// or `drainBudget` ran (then requeues itself on the target). Called for
+    /// a `.drain` unit, once per claimed drain slot.
+    func drain() {
+        QueueFrame.with(self) { drainLoop(budget: Self.drainBudget) }
+    }
+
+    /// One pass of the main loop over the main queue: the items present when
+    /// the pass began, so the loop's other sources interleave with a long
+    /// backlog.
+    func drainMainPass() {
+        lock.lock()
+        let budget = entries.count
+        let claimed = drainers > 0
+        lock.unlock()
+        guard claimed else { return }
+        QueueFrame.with(self) { drainLoop(budget: max(budget, 1)) }
+    }
+
+    private func drainLoop(budget: Int) {
+        var budget = budget
+        lock.lock()
+        while true {
+            guard suspendCount == 0, !barrierActive, !entries.isEmpty else { break }
+            let barrier = entries.frontIsBarrier
+            if barrier {
+                guard running == 0 else { break }
+                barrierActive = true
+            } else {
+                guard running < width else { break }
+                running += 1
+            }
+            let unit = entries.popFront()!
+            // A concurrent queue starts another drain for the next item.
+            let more = width > 1 && claimDrainerLocked()
+            let target = targetQueue
+            lock.unlock()
+            if more { scheduleDrain(on: target) }
+            unit.run()
+            lock.lock()
+            if barrier { barrierActive = false } else { running -= 1 }
+            budget -= 1
+            if budget == 0 {
+                if suspendCount == 0 && !entries.isEmpty {
+                    // Keep the slot; let the worker (or the main loop's
+                    // other sources) go first.
+                    let target = targetQueue
+                    lock.unlock()
+                    scheduleDrain(on: target)
+                    return
+                }
+                break
+            }
+        }
+        drainers -= 1
+        // A barrier that just finished, or an item that made room: more drains.
+        var extra = 0
+        while claimDrainerLocked() { extra += 1 }
+        let target = targetQueue
+        lock.unlock()
+        for _ in 0..<extra { scheduleDrain(on: target) }
+    }
+
+    // MARK: Suspension
+
+    /// Stops the queue from starting items until a matching `resume()`:
+    /// counted, so every `suspend` needs its own `resume`. An item running
+    /// now is not interrupted; the next one waits. Never blocks. Stops the
+    /// process on a global queue.
+    public func suspend() {
+        require(!isGlobal, "WorkQueue.suspend(): '\(label)' is a global queue, which other code shares; suspend a queue of your own")
+        lock.lock()
+        suspendCount += 1
+        lock.unlock()
+    }
+
+    /// Undoes one `suspend()`; when the count reaches zero the queue starts
+    /// items again. Never blocks. Stops the process when the queue is not
+    /// suspended (more resumes than suspends), or is a global queue.
+    public func resume() {
+        require(!isGlobal, "WorkQueue.resume(): '\(label)' is a global queue; it is never suspended")
+        lock.lock()
+        guard suspendCount > 0 else {
+            lock.unlock()
+            misuse("WorkQueue.resume(): '\(label)' is not suspended; resume() was called more times than suspend()")
+        }
+        suspendCount -= 1
+        var extra = 0
+        while claimDrainerLocked() { extra += 1 }
+        let target = targetQueue
+        lock.unlock()
+        for _ in 0..<extra { scheduleDrain(on: target) }
+    }
+
+    /// Whether the queue is suspended now (stale at once).
+    public var isSuspended: Bool {
+        lock.lock()
+        defer { lock.unlock() }
+        return suspendCount > 0
+    }
+
+    // MARK: Target
+
+    /// Guards target changes as a whole, so that two threads cannot close a
+    /// cycle between them.
+    private static let targetLock = GuardLock()
+
+    /// Makes the queue's items run as if submitted to `target` from now on
+    /// (a drain already scheduled finishes where it is). Stops the process if
+    /// `target` is this queue or reaches it through its own targets, if this
+    /// is a global or the main queue, or if a concurrent queue would target
+    /// the main queue's chain.
+    public func setTarget(_ target: WorkQueue) {
+        require(!isGlobal && !isMain, "WorkQueue.setTarget(_:): '\(label)' is a \(isMain ? "the main" : "global") queue; only queues you create have a target")
+        Self.targetLock.lock()
+        defer { Self.targetLock.unlock() }
+        var chain: [String] = [label]
+        var next: WorkQueue? = target
+        while let queue = next {
+            chain.append(queue.label)
+            if queue === self {
+                misuse("WorkQueue.setTarget(_:): the target chain \(chain.map { "'\($0)'" }.joined(separator: " -> ")) is a cycle")
+            }
+            next = queue.target
+        }
+        lock.lock()
+        targetQueue = target
+        lock.unlock()
+    }
+
+    var isMain: Bool {
+        if case .main = role { return true }
+        return false
+    }
+
+    // MARK: Context
+
+    /// The queue's one context value, for items that share data (the guide's
+    /// queue context). Spindle never reads it. Takes the queue's lock.
+    /// Stops the process when set on a global queue (shared by everyone).
+    public var context: (any Sendable)? {
+        get {
+            lock.lock()
+            defer { lock.unlock() }
+            return contextValue
+        }
+        set {
+            require(!isGlobal, "WorkQueue.context: '\(label)' is a global queue, which other code shares; give your own queue a context")
+            lock.lock()
+            contextValue = newValue
+            lock.unlock()
+        }
+    }
+
+    /// Sets the function that runs once after the queue is gone (its last
+    /// reference dropped and its pending items run), with the context, on
+    /// the default global queue, and only if the context is not nil then.
+    public func setFinalizer(_ finalizer: (@Sendable (any Sendable) -> Void)?) {
+        require(!isGlobal, "WorkQueue.setFinalizer(_:): '\(label)' is a global queue, which never goes away")
+        lock.lock()
+        self.finalizer = finalizer
+        lock.unlock()
+    }
+
+    /// Associates `value` with `key` on this queue (nil removes it). Any
+    /// thread; takes the queue's lock.
+    public func setSpecific<Value: Sendable>(_ value: Value?, for key: WorkQueueKey<Value>) {
+        lock.lock()
+        specifics[ObjectIdentifier(key)] = value
+        lock.unlock()
+    }
+
+    /// The value for `key` set on this queue, or nil.
+    public func specific<Value: Sendable>(for key: WorkQueueKey<Value>) -> Value? {
+        lock.lock()
+        defer { lock.unlock() }
+        return specifics[ObjectIdentifier(key)] as? Value
+    }
+
+    /// The value for `key` of the queue the calling code runs on, or of the
+    /// first queue along its target chain that has one; nil outside items.
+    public static func currentSpecific<Value: Sendable>(for key: WorkQueueKey<Value>) -> Value? {
+        for queue in QueueFrame.all {
+            if let value = queue.specific(for: key) { return value }
+        }
+        return nil
+    }
+}
+
+/// A key for values stored on queues (`WorkQueue.setSpecific(_:for:)`),
+/// compared by identity.
+public final class WorkQueueKey<Value: Sendable>: Sendable {
+    public init() {}
+}

@@ -1,0 +1,166 @@
+/// One submission as queues and the pool hold it: the caller's closure and
+/// at most one reference, stored by value (32 bytes), so that queuing it
+/// allocates nothing beyond the closure's own context.
+///
+/// Why not an intrusive list or a lock-free deque of pointers: a Swift
+/// closure is two words (function and context) with no room for a link, and
+/// a lock-free work-stealing deque (Chase–Lev, Tokio's) needs one-word slots
+/// that a thief can read while the owner overwrites them. Either would need a
+/// node or box per submission, which is the allocation the queues promise not
+/// to make. So units live in growable rings under short, mostly uncontended
+/// locks (`WorkRing`).
+enum WorkUnit {
+    /// A closure submitted with `async`.
+    case closure(@Sendable () -> Void)
+    /// A closure submitted with `async(group:)`: the group is left after it ran.
+    case grouped(@Sendable () -> Void, WorkGroup)
+    /// A barrier closure (private concurrent queues): runs alone.
+    case barrier(@Sendable () -> Void, WorkGroup?)
+    /// A `WorkItem` (which knows its own flags and group).
+    case item(WorkItem)
+    /// "Run some of this queue's items": how a queue's items reach its target.
+    case drain(WorkQueue)
+
+    /// Whether the unit must run alone on its queue.
+    var isBarrier: Bool {
+        switch self {
+        case .barrier: true
+        case .item(let item): item.isBarrier
+        default: false
+        }
+    }
+
+    /// Runs the unit on the calling thread (inside the queue frame the caller
+    /// set up) and leaves its group, if any.
+    @inline(__always)
+    func run() {
+        switch self {
+        case .closure(let body):
+            body()
+        case .grouped(let body, let group):
+            body()
+            group.leave()
+        case .barrier(let body, let group):
+            body()
+            group?.leave()
+        case .item(let item):
+            item.execute()
+        case .drain(let queue):
+            queue.drain()
+        }
+    }
+
+    /// What happens to a unit that will never run (its queue went away while
+    /// suspended): its group is left, so that nobody waits for it forever; a
+    /// work item is marked cancelled and finishes.
+    func discard() {
+        switch self {
+        case .closure, .drain: break
+        case .grouped(_, let group): group.leave()
+        case .barrier(_, let group): group?.leave()
+        case .item(let item): item.discardUnrun()
+        }
+    }
+}
+
+/// A growable ring of work units: FIFO at both ends. Not synchronized: its
+/// owner guards it with a lock. `count` is also published in an atomic word
+/// so that other threads may ask "is anything here?" without the lock (an
+/// answer that is immediately stale, for wake-up decisions only).
+final class WorkRing {
+    private var storage: UnsafeMutablePointer<WorkUnit>
+    private var capacity: Int
+    private var head = 0
+    private(set) var count = 0
+    /// `count`, for readers without the lock (relaxed, or sequentially
+    /// consistent where a Dekker-style check pairs with it).
+    let publishedCount: UnsafeMutablePointer<Int>
+
+    init(capacity: Int = 16) {
+        self.capacity = capacity
+        storage = .allocate(capacity: capacity)
+        publishedCount = .allocate(capacity: 1)
+        publishedCount.initialize(to: 0)
+    }
+
+    deinit {
+        for i in 0..<count { (storage + (head + i) & (capacity - 1)).deinitialize(count: 1) }
+        storage.deallocate()
+        publishedCount.deallocate()
+    }
+
+    var isEmpty: Bool { count == 0 }
+
+    /// The count as last published, read without the owner's lock.
+    var approximateCount: Int { AtomicMemory.load(from: publishedCount, ordering: .sequentiallyConsistent) }
+
+    @inline(__always)
+    private func publish() {
+        AtomicMemory.store(count, to: publishedCount, ordering: .sequentiallyConsistent)
+    }
+
+    /// Appends at the back.
+    @inline(__always)
+    func pushBack(_ unit: consuming WorkUnit) {
+        if count == capacity { grow() }
+        (storage + (head + count) & (capacity - 1)).initialize(to: unit)
+        count += 1
+        publish()
+    }
+
+    /// Inserts at the front (a unit that must run next).
+    func pushFront(_ unit: consuming WorkUnit) {
+        if count == capacity { grow() }
+        head = (head - 1) & (capacity - 1)
+        (storage + head).initialize(to: unit)
+        count += 1
+        publish()
+    }
+
+    /// Removes the front unit.
+    @inline(__always)
+    func popFront() -> WorkUnit? {
+        guard count > 0 else { return nil }
+        let unit = (storage + head).move()
+        head = (head + 1) & (capacity - 1)
+        count -= 1
+        publish()
+        return unit
+    }
+
+    /// Whether the front unit is a barrier (false when empty).
+    var frontIsBarrier: Bool {
+        count > 0 && storage[head].isBarrier
+    }
+
+    /// Moves up to `limit` units from the front into `buffer`; returns how many.
+    func popFront(into buffer: UnsafeMutablePointer<WorkUnit>, limit: Int) -> Int {
+        let n = min(limit, count)
+        for i in 0..<n {
+            (buffer + i).initialize(to: (storage + head).move())
+            head = (head + 1) & (capacity - 1)
+        }
+        count -= n
+        publish()
+        return n
+    }
+
+    /// Removes every unit, in order.
+    func removeAll() -> [WorkUnit] {
+        var all: [WorkUnit] = []
+        all.reserveCapacity(count)
+        while let unit = popFront() { all.append(unit) }
+        return all
+    }
+
+    private func grow() {
+        let bigger = UnsafeMutablePointer<WorkUnit>.allocate(capacity: capacity * 2)
+        for i in 0..<count {
+            (bigger + i).initialize(to: (storage + (head + i) & (capacity - 1)).move())
+        }
+        storage.deallocate()
+        storage = bigger
+        capacity *= 2
+        head = 0
+    }
+}

@@ -1,0 +1,7 @@
+/// How a timed wait on a `WorkGroup` or `WorkItem` ended.
+public enum WorkWaitResult: Sendable, Hashable {
+    /// What was waited for finished (or there was nothing to wait for).
+    case completed
+    /// The deadline passed first.
+    case timedOut
+}

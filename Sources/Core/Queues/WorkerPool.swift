@@ -1,0 +1,262 @@
+import CShims
+
+/// The threads that run work queues' items: one pool per priority band, each
+/// `Topology.availableCPUCount` workers wide.
+///
+/// ## Structure (Tokio's and Go's schedulers are the anchors)
+/// - **Permits.** `width` workers may be *active* at once: running an item,
+///   or searching for one. A worker takes a permit when it is woken or
+///   started, and gives it back when it parks. A worker whose item enters a
+///   blocking wait (`BlockingObserver`) gives its permit back for the length
+///   of the wait, so the pool can wake or start another worker if work is
+///   queued; when the wait ends the worker takes its permit back even if that
+///   makes the pool over-full, finishes its item, and then parks if the pool
+///   is over width (Go's `entersyscall`/`exitsyscall` hand-off of a P, with
+///   the pool's lock instead of an atomic P list).
+/// - **Queues.** Each worker has a local ring; a worker that submits to its
+///   own pool pushes there (no shared lock: the submitter runs the work soon,
+///   on a warm cache). Other threads push to the shared injector, in two
+///   lanes (high before default; the `standard` band serves both). A worker
+///   looks in the high lane, its own ring, the default lane, then steals half
+///   of another worker's ring. Every 61st look starts at the injector so a
+///   busy local ring cannot starve it (Go's `schedtick % 61`).
+/// - **Waking.** A submitter wakes a worker only if nobody is searching and
+///   a permit is free (Tokio's `notify_parked`); a searcher that finds work
+///   and was the last one searching wakes another if more is queued, so a
+///   burst spreads over the pool one wake-up at a time. A worker about to
+///   park re-checks every ring after giving up its permit (a Dekker pair of
+///   sequentially consistent operations with the submitter's push and
+///   check), so no submission is left with every worker asleep.
+/// - **Spinning.** Only the last searcher spins before parking, for at most
+///   `spinBeforePark`, polling the rings' published counts: an item that
+///   arrives within that window starts without a futex wake (on this VM an
+///   idle vCPU takes 40–55 µs to wake). The cost is that much CPU per
+///   transition to idle, for one worker per pool.
+/// - **Parking.** On a per-worker futex word. An idle pool uses no CPU. A
+///   worker beyond `width` (started to replace blocked ones) exits after
+///   `idleExit` without work.
+///
+/// Locks: the pool's lock (injector, idle list, worker list) and each
+/// worker's ring lock are `GuardLock`s (the plain mutex core), never held
+/// while running an item or while taking another of these locks.
+final class WorkerPool: @unchecked Sendable {
+    // @unchecked: mutable state is guarded by `lock` (injector, idle, workers,
+    // threadCount) or is atomic (`words`).
+
+    /// The priority bands. High and default share the standard pool (its
+    /// two injector lanes order them); low and background have their own
+    /// workers, at nice 10 and 19: an unprivileged thread cannot lower its
+    /// nice value back, so a worker cannot change priority per item.
+    enum Band: Sendable {
+        case standard, low, background
+
+        var niceValue: Int32? {
+            switch self {
+            case .standard: nil
+            case .low: 10
+            case .background: 19
+            }
+        }
+
+        /// Short enough for Linux's 15-byte thread names after "spindle.".
+        var threadName: String {
+            switch self {
+            case .standard: "std"
+            case .low: "low"
+            case .background: "bg"
+            }
+        }
+
+        var name: String {
+            switch self {
+            case .standard: "standard"
+            case .low: "low"
+            case .background: "background"
+            }
+        }
+    }
+
+    static let standard = WorkerPool(band: .standard)
+    static let low = WorkerPool(band: .low)
+    static let background = WorkerPool(band: .background)
+
+    /// At most this many workers beyond `width`, started while others block.
+    /// Large enough that 1,000 items each waiting for a later item complete
+    /// (the stress test); Go's limit is 10,000 threads, libdispatch's 512.
+    static let compensationLimit = 1024
+
+    /// How long a worker beyond `width` waits for work before it exits
+    /// (libdispatch on Linux: 5 s).
+    static let idleExit: Duration = .seconds(2)
+
+    /// How long the last searching worker polls before parking. About one
+    /// wake-up of an idle vCPU on the machines measured (40–55 µs on the
+    /// 2-vCPU VM); see the README for what it buys and burns.
+    static let spinBeforePark: Duration = .microseconds(50)
+
+    let band: Band
+    let width: Int
+    let maximumThreads: Int
+
+    // Guarded by `lock`.
+    let lock = GuardLock()
+    let injector: [WorkRing]
+    var idle: [PoolWorker] = []
+    var workers: [PoolWorker] = []
+    var threadCount = 0
+    var nextWorkerNumber = 0
+
+    /// Atomic counters, each on its own cache line: active, searching.
+    private let words: UnsafeMutableRawPointer
+    var active: UnsafeMutablePointer<Int> { words.assumingMemoryBound(to: Int.self) }
+    var searching: UnsafeMutablePointer<Int> { (words + 64).assumingMemoryBound(to: Int.self) }
+    var idleCount: UnsafeMutablePointer<Int> { (words + 128).assumingMemoryBound(to: Int.self) }
+
+    /// Lane numbers of the injector.
+    static let highLane = 0
+    static let defaultLane = 1
+
+    init(band: Band, width: Int = Topology.availableCPUCount) {
+        self.band = band
+        self.width = width
+        maximumThreads = width + Self.compensationLimit
+        injector = [WorkRing(capacity: 256), WorkRing(capacity: 1024)]
+        words = allocateStableWords(byteCount: 192)
+        ForkHandlers.install()
+    }
+
+    // MARK: Submitting
+
+    /// Queues `unit` to run on one of the pool's workers. Never blocks for
+    /// long (a short lock). Orders: everything before the call happens
+    /// before the unit runs (the ring's lock).
+    func submit(_ unit: consuming WorkUnit, lane: Int) {
+        if lane == Self.defaultLane, let worker = PoolWorker.current, worker.pool === self {
+            worker.pushLocal(unit)
+        } else {
+            lock.lock()
+            injector[lane].pushBack(unit)
+            lock.unlock()
+        }
+        notifyIfNeeded()
+    }
+
+    /// Wakes or starts a worker if work may be waiting, nobody is searching
+    /// and a permit is free. The loads are sequentially consistent, pairing
+    /// with the parking worker's decrement and re-check (see `PoolWorker.park`).
+    @inline(__always)
+    func notifyIfNeeded() {
+        if AtomicMemory.load(from: searching, ordering: .sequentiallyConsistent) == 0
+            && AtomicMemory.load(from: active, ordering: .sequentiallyConsistent) < width
+        {
+            wakeOne()
+        }
+    }
+
+    /// Under the lock, re-checks and hands a permit to an idle worker, or
+    /// starts a worker when none is idle.
+    func wakeOne() {
+        lock.lock()
+        guard AtomicMemory.load(from: searching, ordering: .relaxed) == 0,
+              AtomicMemory.load(from: active, ordering: .relaxed) < width
+        else {
+            lock.unlock()
+            return
+        }
+        if let worker = idle.popLast() {
+            AtomicMemory.add(-1, to: idleCount, ordering: .sequentiallyConsistent)
+            AtomicMemory.add(1, to: active, ordering: .sequentiallyConsistent)
+            AtomicMemory.add(1, to: searching, ordering: .sequentiallyConsistent)
+            lock.unlock()
+            worker.unpark()
+        } else if threadCount < maximumThreads {
+            threadCount += 1
+            nextWorkerNumber += 1
+            let number = nextWorkerNumber
+            AtomicMemory.add(1, to: active, ordering: .sequentiallyConsistent)
+            AtomicMemory.add(1, to: searching, ordering: .sequentiallyConsistent)
+            let worker = PoolWorker(pool: self, number: number)
+            workers.append(worker)
+            lock.unlock()
+            worker.start()
+        } else {
+            lock.unlock()
+        }
+    }
+
+    /// Whether any ring of the pool holds work (stale at once; for wake-up
+    /// decisions).
+    func hasQueuedWork() -> Bool {
+        if injector[0].approximateCount > 0 || injector[1].approximateCount > 0 { return true }
+        lock.lock()
+        let all = workers
+        lock.unlock()
+        return all.contains { $0.local.approximateCount > 0 }
+    }
+
+    // MARK: Taking work
+
+    /// Takes a unit from one injector lane.
+    func takeFromInjector(lane: Int) -> WorkUnit? {
+        guard injector[lane].approximateCount > 0 else { return nil }
+        lock.lock()
+        let unit = injector[lane].popFront()
+        lock.unlock()
+        return unit
+    }
+
+    /// A snapshot of the live workers, for stealing.
+    func workerSnapshot() -> [PoolWorker] {
+        lock.lock()
+        defer { lock.unlock() }
+        return workers
+    }
+
+    // MARK: Diagnostics (tests)
+
+    /// Worker threads alive now (parked ones included).
+    package var threadCountNow: Int {
+        lock.lock()
+        defer { lock.unlock() }
+        return threadCount
+    }
+
+    /// Workers holding a permit now.
+    package var activeCount: Int { AtomicMemory.load(from: active, ordering: .relaxed) }
+
+    /// The global queue whose items arrive in `lane`.
+    func globalQueue(lane: Int) -> WorkQueue {
+        switch band {
+        case .standard: WorkQueue.global(lane == Self.highLane ? .high : .default)
+        case .low: WorkQueue.global(.low)
+        case .background: WorkQueue.global(.background)
+        }
+    }
+
+    // MARK: Fork
+
+    /// Every pool, in a child after `fork()`.
+    static func childAfterForkAll() {
+        for pool in [standard, low, background] { pool.childAfterFork() }
+    }
+
+    /// In a child after `fork()`: the workers are gone (only the forking
+    /// thread exists), so the pool starts again with none; queued work stays
+    /// queued (the local rings' contents move to the injector) and runs on
+    /// the child's first new workers. Locks a parent thread held are
+    /// replaced, not waited for.
+    func childAfterFork() {
+        lock.reinitializeAfterFork()
+        for worker in workers {
+            worker.localLock.reinitializeAfterFork()
+            while let unit = worker.local.popFront() { injector[Self.defaultLane].pushBack(unit) }
+        }
+        workers = []
+        idle = []
+        threadCount = 0
+        AtomicMemory.store(0, to: active, ordering: .relaxed)
+        AtomicMemory.store(0, to: searching, ordering: .relaxed)
+        AtomicMemory.store(0, to: idleCount, ordering: .relaxed)
+        if !injector[0].isEmpty || !injector[1].isEmpty { notifyIfNeeded() }
+    }
+}
