@@ -208,6 +208,25 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
         }
     }
 
+    // MARK: Pool diagnostics (tests and benchmarks)
+
+    /// Worker threads alive now in the pool that runs `priority`'s global
+    /// queue (parked ones included).
+    package static func workerThreadCount(for priority: Priority) -> Int {
+        priority.pool.threadCountNow
+    }
+
+    /// Workers of that pool holding a permit now (running or searching).
+    package static func activeWorkerCount(for priority: Priority) -> Int {
+        priority.pool.activeCount
+    }
+
+    /// How many workers each pool keeps: `Topology.availableCPUCount`.
+    package static var poolWidth: Int { WorkerPool.standard.width }
+
+    /// How many workers beyond the width a pool may start while others block.
+    package static var compensationLimit: Int { WorkerPool.compensationLimit }
+
     // MARK: Identity
 
     public static func == (lhs: WorkQueue, rhs: WorkQueue) -> Bool { lhs === rhs }
