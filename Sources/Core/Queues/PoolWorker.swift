@@ -10,7 +10,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
 
     unowned(unsafe) let pool: WorkerPool
     let number: Int
-    let local = WorkRing(capacity: 256)
+    let local = WorkRing(capacity: 256, publishesCount: true)
     let localLock = GuardLock()
     /// 0 running, 1 parked (futex word).
     private let parkWord: UnsafeMutablePointer<UInt32>
@@ -153,6 +153,9 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     private func spinForWork() -> Bool {
         guard AtomicMemory.load(from: pool.searching, ordering: .relaxed) == 1 else { return false }
         let deadline = MonotonicClock.now.advanced(by: WorkerPool.spinBeforePark)
+        // One snapshot for the whole spin: the pool's lock stays free for
+        // submitters. Only loads, so the rings' lines stay shared.
+        let others = pool.workerSnapshot()
         while true {
             for _ in 0..<64 {
                 if pool.injector[0].approximateCount > 0 || pool.injector[1].approximateCount > 0
@@ -162,7 +165,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
                 }
                 spinLoopHint()
             }
-            if pool.hasQueuedWork() { return true }
+            if others.contains(where: { $0.local.approximateCount > 0 }) { return true }
             if MonotonicClock.now >= deadline { return false }
         }
     }

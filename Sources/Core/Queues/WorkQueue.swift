@@ -126,7 +126,11 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
         self.label = label
         self.kind = kind
         role = .privateQueue
-        width = kind == .serial ? 1 : target.effectivePool.width
+        // A concurrent queue does not bound its own concurrency below the
+        // pool's: its items may wait for each other (1,000 waiters and their
+        // signallers on one queue), and only the pool's blocking
+        // compensation can run them all. The pool's width bounds what runs.
+        width = kind == .serial ? 1 : target.effectivePool.maximumThreads
         targetQueue = target
     }
 
@@ -134,7 +138,7 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
         label = "spindle.global.\(priority)"
         kind = .concurrent
         role = .global(priority.pool, lane: priority.lane, priority)
-        width = priority.pool.width
+        width = priority.pool.maximumThreads
     }
 
     private init(mainQueue: Void) {
@@ -494,6 +498,22 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     var isMain: Bool {
         if case .main = role { return true }
         return false
+    }
+
+    // MARK: Fork
+
+    /// The main queue in a child after `fork()`: its lock is released (a
+    /// parent thread may have held it), and items queued before the fork
+    /// get a pass of the child's main loop when it runs.
+    func childAfterFork() {
+        lock.reinitializeAfterFork()
+        // The forking thread itself may be inside a main-queue item: then
+        // its pass goes on in the child and ends as usual.
+        guard !QueueFrame.contains(self) else { return }
+        drainers = 0
+        running = 0
+        barrierActive = false
+        if claimDrainerLocked() { MainQueueDrain.signal() }
     }
 
     // MARK: Context

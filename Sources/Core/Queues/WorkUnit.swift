@@ -72,11 +72,14 @@ final class WorkRing {
     private var capacity: Int
     private var head = 0
     private(set) var count = 0
-    /// `count`, for readers without the lock (relaxed, or sequentially
-    /// consistent where a Dekker-style check pairs with it).
+    /// `count`, for readers without the lock (sequentially consistent: the
+    /// pool's Dekker-style checks pair with it). Only the pool's rings
+    /// publish; a queue's ring is read under its lock alone.
     let publishedCount: UnsafeMutablePointer<Int>
+    private let publishes: Bool
 
-    init(capacity: Int = 16) {
+    init(capacity: Int = 16, publishesCount: Bool = false) {
+        publishes = publishesCount
         self.capacity = capacity
         storage = .allocate(capacity: capacity)
         publishedCount = .allocate(capacity: 1)
@@ -96,6 +99,7 @@ final class WorkRing {
 
     @inline(__always)
     private func publish() {
+        guard publishes else { return }
         AtomicMemory.store(count, to: publishedCount, ordering: .sequentiallyConsistent)
     }
 

@@ -120,7 +120,7 @@ final class WorkerPool: @unchecked Sendable {
         self.band = band
         self.width = width
         maximumThreads = width + Self.compensationLimit
-        injector = [WorkRing(capacity: 256), WorkRing(capacity: 1024)]
+        injector = [WorkRing(capacity: 256, publishesCount: true), WorkRing(capacity: 1024, publishesCount: true)]
         words = allocateStableWords(byteCount: 192)
         ForkHandlers.install()
     }
@@ -247,14 +247,18 @@ final class WorkerPool: @unchecked Sendable {
     /// replaced, not waited for.
     func childAfterFork() {
         lock.reinitializeAfterFork()
-        for worker in workers {
+        // The forking thread may be one of this pool's workers, in the middle
+        // of an item: it goes on as the child's only worker.
+        let survivor = PoolWorker.current.flatMap { $0.pool === self ? $0 : nil }
+        for worker in workers where worker !== survivor {
             worker.localLock.reinitializeAfterFork()
             while let unit = worker.local.popFront() { injector[Self.defaultLane].pushBack(unit) }
         }
-        workers = []
+        survivor?.localLock.reinitializeAfterFork()
+        workers = survivor.map { [$0] } ?? []
         idle = []
-        threadCount = 0
-        AtomicMemory.store(0, to: active, ordering: .relaxed)
+        threadCount = workers.count
+        AtomicMemory.store(workers.count, to: active, ordering: .relaxed)
         AtomicMemory.store(0, to: searching, ordering: .relaxed)
         AtomicMemory.store(0, to: idleCount, ordering: .relaxed)
         if !injector[0].isEmpty || !injector[1].isEmpty { notifyIfNeeded() }

@@ -40,6 +40,7 @@ enum ForkHandlers {
         LoopRegistry.childAfterFork()
         NativeThread.childAfterFork()
         WorkerPool.childAfterForkAll()
+        WorkQueue.main.childAfterFork()
         DelayedWork.shared.childAfterFork()
     }
 }
