@@ -16,8 +16,20 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     private let parkWord: UnsafeMutablePointer<UInt32>
     private var tick = 0
     private var isSearching = true
-    private static let stealLimit = 64
-    private let stealBuffer: UnsafeMutablePointer<WorkUnit>
+    static let stealLimit = 64
+    /// Scratch space for units moved between rings (steals, injector
+    /// batches). Owner thread only.
+    let stealBuffer: UnsafeMutablePointer<WorkUnit>
+    /// The next unit this worker runs: one its own item submitted while its
+    /// ring was empty (Tokio's LIFO slot, Go's `runnext`). Not stealable and
+    /// announced to nobody, so a chain of items that each submit the next
+    /// stays on one warm worker without a wake-up; whatever is submitted
+    /// after it goes to the ring (so the slot always holds the oldest, and
+    /// the order stays FIFO). Flushed to the ring when the worker blocks or
+    /// parks, and after `slotLimit` slot runs in a row. Owner thread only.
+    private var nextSlot: WorkUnit?
+    private var slotRuns = 0
+    private static let slotLimit = 16
 
     init(pool: WorkerPool, number: Int) {
         self.pool = pool
@@ -103,15 +115,24 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     private func findWork() -> (WorkUnit, lane: Int)? {
         let defaultLane = WorkerPool.defaultLane
         tick &+= 1
-        if tick % 61 == 0, let unit = pool.takeFromInjector(lane: defaultLane) { return (unit, defaultLane) }
-        if let unit = pool.takeFromInjector(lane: WorkerPool.highLane) { return (unit, WorkerPool.highLane) }
+        if nextSlot != nil {
+            if slotRuns < Self.slotLimit {
+                slotRuns += 1
+                let unit = nextSlot.take()!
+                return (unit, defaultLane)
+            }
+            flushSlot()
+        }
+        slotRuns = 0
+        if tick % 61 == 0, let unit = pool.takeFromInjector(lane: defaultLane, for: self) { return (unit, defaultLane) }
+        if let unit = pool.takeFromInjector(lane: WorkerPool.highLane, for: self) { return (unit, WorkerPool.highLane) }
         if local.approximateCount > 0 {
             localLock.lock()
             let unit = local.popFront()
             localLock.unlock()
             if let unit { return (unit, defaultLane) }
         }
-        if let unit = pool.takeFromInjector(lane: defaultLane) { return (unit, defaultLane) }
+        if let unit = pool.takeFromInjector(lane: defaultLane, for: self) { return (unit, defaultLane) }
         if let unit = steal() { return (unit, defaultLane) }
         return nil
     }
@@ -142,9 +163,34 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
 
     /// Pushes a unit submitted from this worker onto its own ring.
     @inline(__always)
-    func pushLocal(_ unit: consuming WorkUnit) {
+    /// Returns whether other workers should hear of it (false for the slot).
+    func pushLocal(_ unit: consuming WorkUnit) -> Bool {
+        // Only this thread adds to its ring, so a zero count cannot grow
+        // meanwhile.
+        if nextSlot == nil && local.approximateCount == 0 {
+            nextSlot = unit
+            return false
+        }
         localLock.lock()
         local.pushBack(unit)
+        localLock.unlock()
+        return true
+    }
+
+    /// Moves the slot's unit to the front of the ring, where others can
+    /// steal it, and tells them.
+    private func flushSlot() {
+        guard let unit = nextSlot.take() else { return }
+        localLock.lock()
+        local.pushFront(unit)
+        localLock.unlock()
+        pool.notifyIfNeeded()
+    }
+
+    /// Moves up to `count` units into the ring (an injector batch).
+    func adoptFromBuffer(_ count: Int) {
+        localLock.lock()
+        for j in 0..<count { local.pushBack((stealBuffer + j).move()) }
         localLock.unlock()
     }
 
@@ -175,6 +221,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     /// `idleExit`).
     private func park() -> Bool {
         let pool = self.pool
+        flushSlot()
         AtomicMemory.store(1, to: parkWord, ordering: .relaxed)
         pool.lock.lock()
         pool.idle.append(self)
@@ -254,6 +301,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     // MARK: BlockingObserver
 
     override func willBlock() {
+        flushSlot()
         AtomicMemory.add(-1, to: pool.active, ordering: .sequentiallyConsistent)
         if pool.hasQueuedWork() { pool.notifyIfNeeded() }
     }

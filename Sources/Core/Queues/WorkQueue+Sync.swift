@@ -19,25 +19,39 @@ extension WorkQueue {
     /// on this serial queue or one along its target chain (it would wait for
     /// itself forever), or calls it on the main thread for a queue that runs
     /// on the main queue.
+    @inlinable
     public func sync<T, E: Error>(_ body: () throws(E) -> T) throws(E) -> T {
-        if isGlobal { return try QueueFrame.with(self, body) }
-        if cshims_queue_frame() != nil || isMain {
-            if kind == .concurrent && QueueFrame.contains(self) { return try runReentrant(body) }
-            requireNoDeadlock("sync(_:)", barrier: false)
-        }
-        if let value = try runClaimed(barrier: false, body) { return value }
-        return try runQueued(barrier: false, body)
+        var outcome: Result<T, E>?
+        syncCore(barrier: false) { outcome = Result { () throws(E) -> T in try body() } }
+        return try outcome!.get()
     }
 
     /// `sync` as a barrier: waits for everything submitted before it, runs
     /// `body` alone, and returns before anything submitted after it starts.
     /// On a serial queue it is `sync`. Stops the process on a global queue,
     /// and when the caller runs on this queue.
+    @inlinable
     public func syncBarrier<T, E: Error>(_ body: () throws(E) -> T) throws(E) -> T {
-        requireBarrierAllowed("syncBarrier(_:)")
-        if cshims_queue_frame() != nil || isMain { requireNoDeadlock("syncBarrier(_:)", barrier: true) }
-        if let value = try runClaimed(barrier: kind == .concurrent, body) { return value }
-        return try runQueued(barrier: kind == .concurrent, body)
+        var outcome: Result<T, E>?
+        syncCore(barrier: true) { outcome = Result { () throws(E) -> T in try body() } }
+        return try outcome!.get()
+    }
+
+    /// The non-generic body of `sync` and `syncBarrier`.
+    @usableFromInline
+    func syncCore(barrier: Bool, _ body: () -> Void) {
+        if barrier {
+            requireBarrierAllowed("syncBarrier(_:)")
+        } else if isGlobal {
+            return QueueFrame.with(self, body)
+        }
+        let exclusive = barrier && kind == .concurrent
+        if cshims_queue_frame() != nil || isMain {
+            if !barrier && kind == .concurrent && QueueFrame.contains(self) { return runReentrant(body) }
+            requireNoDeadlock(barrier ? "syncBarrier(_:)" : "sync(_:)", barrier: barrier)
+        }
+        if runClaimed(barrier: exclusive, body) { return }
+        runQueued(barrier: exclusive, body)
     }
 
     /// Stops the process if waiting for an item of this queue would wait for
@@ -62,25 +76,28 @@ extension WorkQueue {
     }
 
     /// A concurrent queue the caller already runs on: run now.
-    private func runReentrant<T, E: Error>(_ body: () throws(E) -> T) throws(E) -> T {
+    private func runReentrant(_ body: () -> Void) {
         lock.lock()
         running += 1
         lock.unlock()
-        defer { releaseClaim(barrier: false) }
-        return try QueueFrame.with(self, body)
+        QueueFrame.with(self, body)
+        releaseClaim(barrier: false)
     }
 
     /// The idle fast path: claims this queue and each private queue along the
     /// target chain, then runs `body` on the caller's thread inside their
-    /// frames. Nil (having claimed nothing) when any of them is busy,
+    /// frames. False (having claimed nothing) when any of them is busy,
     /// suspended, or has items waiting, or when the chain reaches the main
     /// queue.
-    func runClaimed<T, E: Error>(barrier: Bool, _ body: () throws(E) -> T) throws(E) -> T? {
-        guard let target = tryClaim(barrier: barrier) else { return nil }
+    func runClaimed(barrier: Bool, _ body: () -> Void) -> Bool {
+        guard let target = tryClaim(barrier: barrier) else { return false }
         defer { releaseClaim(barrier: barrier) }
-        if target.isGlobal { return try QueueFrame.with(target) { () throws(E) -> T in try QueueFrame.with(self, body) } }
-        if target.isMain { return nil }
-        return try target.runClaimed(barrier: false) { () throws(E) -> T in try QueueFrame.with(self, body) }
+        if target.isGlobal {
+            QueueFrame.with(target) { QueueFrame.with(self, body) }
+            return true
+        }
+        if target.isMain { return false }
+        return target.runClaimed(barrier: false) { QueueFrame.with(self, body) }
     }
 
     /// Takes a running slot (or the barrier) if the queue is idle enough to
@@ -104,7 +121,11 @@ extension WorkQueue {
     func releaseClaim(barrier: Bool) {
         lock.lock()
         if barrier { barrierActive = false } else { running -= 1 }
-        var extra = 0
+        guard claimDrainerLocked() else {
+            lock.unlock()
+            return
+        }
+        var extra = 1
         while claimDrainerLocked() { extra += 1 }
         let target = targetQueue
         lock.unlock()
@@ -112,28 +133,26 @@ extension WorkQueue {
     }
 
     /// The slow path: queue the call, wait for a worker to run it.
-    private func runQueued<T, E: Error>(barrier: Bool, _ body: () throws(E) -> T) throws(E) -> T {
-        try withoutActuallyEscaping(body) { (escapable) throws(E) -> T in
-            let call = SyncCall<T, E>(escapable)
+    private func runQueued(barrier: Bool, _ body: () -> Void) {
+        withoutActuallyEscaping(body) { escapable in
+            let call = SyncCall(escapable)
             let job: @Sendable () -> Void = { call.run() }
             enqueue(barrier ? .barrier(job, nil) : .closure(job))
             call.wait()
-            return try call.take()
         }
     }
 }
 
-/// One queued `sync` call: the caller's closure, its outcome, and the word
-/// the caller sleeps on.
-private final class SyncCall<T, E: Error>: @unchecked Sendable {
-    // @unchecked: `body` and `outcome` are written by the worker before its
-    // releasing store to `done`, and read by the caller after its acquiring
-    // load of it; never at the same time.
-    private var body: (() throws(E) -> T)?
-    private var outcome: Result<T, E>?
+/// One queued `sync` call: the caller's closure and the word the caller
+/// sleeps on.
+private final class SyncCall: @unchecked Sendable {
+    // @unchecked: `body` is written by the worker (cleared) before its
+    // releasing store to `done`, and the caller reads nothing of it after
+    // its acquiring load; never at the same time.
+    private var body: (() -> Void)?
     private let done: UnsafeMutablePointer<UInt32>
 
-    init(_ body: @escaping () throws(E) -> T) {
+    init(_ body: @escaping () -> Void) {
         self.body = body
         done = allocateStableWords(byteCount: 4).assumingMemoryBound(to: UInt32.self)
     }
@@ -147,7 +166,7 @@ private final class SyncCall<T, E: Error>: @unchecked Sendable {
         do {
             let body = self.body!
             self.body = nil
-            outcome = Result { () throws(E) -> T in try body() }
+            body()
         }
         // Pairs with the acquiring load in `wait`.
         AtomicMemory.store(1, to: done, ordering: .releasing)
@@ -161,9 +180,5 @@ private final class SyncCall<T, E: Error>: @unchecked Sendable {
                 _ = Futex(done).wait(expecting: 0)
             }
         }
-    }
-
-    func take() throws(E) -> T {
-        try outcome!.get()
     }
 }

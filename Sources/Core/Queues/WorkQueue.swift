@@ -74,17 +74,16 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
         var lane: Int { self == .high ? WorkerPool.highLane : WorkerPool.defaultLane }
     }
 
-    enum Role {
-        case global(WorkerPool, lane: Int, Priority)
-        case main
-        case privateQueue
-    }
-
     /// The label given at creation, for debuggers, logs and descriptions.
     public let label: String
     /// Serial or concurrent.
     public let kind: Kind
-    let role: Role
+    /// The pool a global queue's items go to straight away; nil otherwise.
+    let globalPool: WorkerPool?
+    /// A global queue's priority (and so its injector lane).
+    let globalPriority: Priority?
+    /// Whether this is the main queue.
+    let isMain: Bool
     /// How many items may run at once: 1 for serial queues.
     let width: Int
 
@@ -98,6 +97,9 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     var drainers = 0
     /// Guarded by `lock`.
     var suspendCount = 0
+    /// 1 while `suspendCount > 0`: written under `lock`, read without it by a
+    /// serial drain between the items of a batch.
+    let suspendedFlag: UnsafeMutablePointer<UInt32> = allocateStableWords(byteCount: 4).assumingMemoryBound(to: UInt32.self)
     /// A barrier item is running. Guarded by `lock`.
     var barrierActive = false
     /// nil only for the global and main queues. Guarded by `lock`.
@@ -125,7 +127,9 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     public init(label: String, kind: Kind = .serial, target: WorkQueue) {
         self.label = label
         self.kind = kind
-        role = .privateQueue
+        globalPool = nil
+        globalPriority = nil
+        isMain = false
         // A concurrent queue does not bound its own concurrency below the
         // pool's: its items may wait for each other (1,000 waiters and their
         // signallers on one queue), and only the pool's blocking
@@ -137,18 +141,23 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     private init(global priority: Priority) {
         label = "spindle.global.\(priority)"
         kind = .concurrent
-        role = .global(priority.pool, lane: priority.lane, priority)
+        globalPool = priority.pool
+        globalPriority = priority
+        isMain = false
         width = priority.pool.maximumThreads
     }
 
     private init(mainQueue: Void) {
         label = "spindle.main"
         kind = .serial
-        role = .main
+        globalPool = nil
+        globalPriority = nil
+        isMain = true
         width = 1
     }
 
     deinit {
+        defer { UnsafeMutableRawPointer(suspendedFlag).deallocate() }
         // Only a suspended queue can go with items left (a scheduled drain
         // holds its queue): they never run, and their groups are left.
         for unit in entries.removeAll() { unit.discard() }
@@ -191,7 +200,7 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     /// the main thread outside any item.
     public var isCurrent: Bool {
         if QueueFrame.contains(self) { return true }
-        if case .main = role { return NativeThread.isMainThread }
+        if isMain { return NativeThread.isMainThread }
         return false
     }
 
@@ -238,11 +247,9 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
 
     /// "WorkQueue(label, serial)".
     public var description: String {
-        switch role {
-        case .global(_, _, let priority): "WorkQueue(global \(priority))"
-        case .main: "WorkQueue(main)"
-        case .privateQueue: "WorkQueue(\(label), \(kind == .serial ? "serial" : "concurrent"))"
-        }
+        if let globalPriority { return "WorkQueue(global \(globalPriority))" }
+        if isMain { return "WorkQueue(main)" }
+        return "WorkQueue(\(label), \(kind == .serial ? "serial" : "concurrent"))"
     }
 
     /// The queue's target (nil for the global and main queues). Takes the
@@ -256,18 +263,13 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     /// The pool the queue's items finally run on (the main queue's: the
     /// standard pool's width, for concurrency bounds).
     var effectivePool: WorkerPool {
-        switch role {
-        case .global(let pool, _, _): return pool
-        case .main: return .standard
-        case .privateQueue: return target!.effectivePool
-        }
+        if let globalPool { return globalPool }
+        if isMain { return .standard }
+        return target!.effectivePool
     }
 
     /// Whether this queue runs its items itself (not straight on the pool).
-    var isGlobal: Bool {
-        if case .global = role { return true }
-        return false
-    }
+    var isGlobal: Bool { globalPool != nil }
 
     // MARK: Submitting
 
@@ -320,9 +322,10 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     /// queue's ring otherwise.
     @inline(__always)
     func submit(_ unit: consuming WorkUnit) {
-        switch role {
-        case .global(let pool, let lane, _): pool.submit(unit, lane: lane)
-        case .main, .privateQueue: enqueue(unit)
+        if let globalPool {
+            globalPool.submit(unit, lane: globalPriority!.lane)
+        } else {
+            enqueue(unit)
         }
     }
 
@@ -331,10 +334,13 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     func enqueue(_ unit: consuming WorkUnit) {
         lock.lock()
         entries.pushBack(unit)
-        let schedule = claimDrainerLocked()
+        guard claimDrainerLocked() else {
+            lock.unlock()
+            return
+        }
         let target = targetQueue
         lock.unlock()
-        if schedule { scheduleDrain(on: target) }
+        scheduleDrain(on: target)
     }
 
     /// Counts one more drain if the front item could start now and a drain
@@ -385,6 +391,7 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     }
 
     private func drainLoop(budget: Int) {
+        if width == 1 { return drainSerial(budget: budget) }
         var budget = budget
         lock.lock()
         while true {
@@ -419,8 +426,59 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
                 break
             }
         }
+        finishDrainLocked()
+    }
+
+    /// How many items a serial drain takes out of the ring per hold of the
+    /// lock: fewer trips through the lock that producers share, which is
+    /// what a producer and the draining worker contend on.
+    static let serialBatch = 32
+
+    /// A serial queue's drain: batches of up to `serialBatch` items taken
+    /// under one hold of the lock and run in order. Suspension still takes
+    /// effect between items: a `suspend()` seen before an item (through
+    /// `suspendedFlag`) puts the rest of the batch back at the front.
+    private func drainSerial(budget: Int) {
+        withUnsafeTemporaryAllocation(of: WorkUnit.self, capacity: Self.serialBatch) { buffer in
+            let batch = buffer.baseAddress!
+            var budget = budget
+            lock.lock()
+            while suspendCount == 0, running == 0, !entries.isEmpty {
+                let taken = entries.popFront(into: batch, limit: min(Self.serialBatch, budget))
+                running = 1
+                lock.unlock()
+                var ran = 0
+                while ran < taken && AtomicMemory.load(from: suspendedFlag, ordering: .relaxed) == 0 {
+                    (batch + ran).move().run()
+                    ran += 1
+                }
+                lock.lock()
+                var index = taken
+                while index > ran {
+                    index -= 1
+                    entries.pushFront((batch + index).move())
+                }
+                running = 0
+                budget -= ran
+                if budget <= 0 && suspendCount == 0 && !entries.isEmpty {
+                    // Keep the slot; let the worker (or the main loop's other
+                    // sources) go first.
+                    let target = targetQueue
+                    lock.unlock()
+                    scheduleDrain(on: target)
+                    return
+                }
+                if budget <= 0 { break }
+            }
+            finishDrainLocked()
+        }
+    }
+
+    /// Ends a drain (called with `lock` held; releases it): gives back its
+    /// slot and schedules the drains that can start now (after a barrier, or
+    /// when a `sync` caller's claim kept this drain from running).
+    private func finishDrainLocked() {
         drainers -= 1
-        // A barrier that just finished, or an item that made room: more drains.
         var extra = 0
         while claimDrainerLocked() { extra += 1 }
         let target = targetQueue
@@ -438,6 +496,7 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
         require(!isGlobal, "WorkQueue.suspend(): '\(label)' is a global queue, which other code shares; suspend a queue of your own")
         lock.lock()
         suspendCount += 1
+        AtomicMemory.store(1, to: suspendedFlag, ordering: .relaxed)
         lock.unlock()
     }
 
@@ -452,6 +511,7 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
             misuse("WorkQueue.resume(): '\(label)' is not suspended; resume() was called more times than suspend()")
         }
         suspendCount -= 1
+        if suspendCount == 0 { AtomicMemory.store(0, to: suspendedFlag, ordering: .relaxed) }
         var extra = 0
         while claimDrainerLocked() { extra += 1 }
         let target = targetQueue
@@ -495,10 +555,6 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
         lock.unlock()
     }
 
-    var isMain: Bool {
-        if case .main = role { return true }
-        return false
-    }
 
     // MARK: Fork
 

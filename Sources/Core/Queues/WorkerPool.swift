@@ -132,7 +132,7 @@ final class WorkerPool: @unchecked Sendable {
     /// before the unit runs (the ring's lock).
     func submit(_ unit: consuming WorkUnit, lane: Int) {
         if lane == Self.defaultLane, let worker = PoolWorker.current, worker.pool === self {
-            worker.pushLocal(unit)
+            if !worker.pushLocal(unit) { return }
         } else {
             lock.lock()
             injector[lane].pushBack(unit)
@@ -196,12 +196,24 @@ final class WorkerPool: @unchecked Sendable {
 
     // MARK: Taking work
 
-    /// Takes a unit from one injector lane.
-    func takeFromInjector(lane: Int) -> WorkUnit? {
+    /// Takes a unit from one injector lane. From the default lane it takes
+    /// a fair share more (up to `PoolWorker.stealLimit`) into the worker's
+    /// ring, so that a burst from outside costs the workers one trip through
+    /// the pool's lock per batch rather than per unit (Go's `globrunqget`).
+    func takeFromInjector(lane: Int, for worker: PoolWorker) -> WorkUnit? {
         guard injector[lane].approximateCount > 0 else { return nil }
         lock.lock()
-        let unit = injector[lane].popFront()
+        guard let unit = injector[lane].popFront() else {
+            lock.unlock()
+            return nil
+        }
+        var moved = 0
+        if lane == Self.defaultLane {
+            let share = min(injector[lane].count / width, PoolWorker.stealLimit)
+            if share > 0 { moved = injector[lane].popFront(into: worker.stealBuffer, limit: share) }
+        }
         lock.unlock()
+        if moved > 0 { worker.adoptFromBuffer(moved) }
         return unit
     }
 
