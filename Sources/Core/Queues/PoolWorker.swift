@@ -164,10 +164,10 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     /// Pushes a unit submitted from this worker onto its own ring.
     @inline(__always)
     /// Returns whether other workers should hear of it (false for the slot).
-    func pushLocal(_ unit: consuming WorkUnit) -> Bool {
+    func pushLocal(_ unit: consuming WorkUnit, mayUseSlot: Bool) -> Bool {
         // Only this thread adds to its ring, so a zero count cannot grow
         // meanwhile.
-        if nextSlot == nil && local.approximateCount == 0 {
+        if mayUseSlot && nextSlot == nil && local.approximateCount == 0 {
             nextSlot = unit
             return false
         }

@@ -50,7 +50,7 @@ extension WorkQueue {
             withoutActuallyEscaping(body) { escapable in
                 let shared = ApplyChunks(body: escapable, chunks: chunks, chunkSize: chunkSize, end: covered)
                 for _ in 0..<min(threads - 1, chunks - 1) {
-                    submit(.closure { shared.work() })
+                    submit(.closure { shared.work() }, shared: true)
                 }
                 QueueFrame.with(self) { shared.work() }
                 shared.waitForAll()

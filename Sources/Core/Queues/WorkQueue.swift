@@ -321,9 +321,12 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     /// Where a unit goes: straight to the pool for a global queue, into the
     /// queue's ring otherwise.
     @inline(__always)
-    func submit(_ unit: consuming WorkUnit) {
+    /// `shared`: the unit must be visible to other workers at once (never
+    /// the submitting worker's private next-unit slot), because the
+    /// submitter goes on working and the unit is meant to run beside it.
+    func submit(_ unit: consuming WorkUnit, shared: Bool = false) {
         if let globalPool {
-            globalPool.submit(unit, lane: globalPriority!.lane)
+            globalPool.submit(unit, lane: globalPriority!.lane, shared: shared)
         } else {
             enqueue(unit)
         }
@@ -340,7 +343,9 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
         }
         let target = targetQueue
         lock.unlock()
-        scheduleDrain(on: target)
+        // A serial queue's drain may wait in the submitting worker's slot (a
+        // continuation); a concurrent queue's runs beside the submitter.
+        scheduleDrain(on: target, shared: width > 1)
     }
 
     /// Counts one more drain if the front item could start now and a drain
@@ -355,9 +360,9 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
 
     /// Hands one drain of this queue to its target (or, for the main queue,
     /// to the main loop).
-    func scheduleDrain(on target: WorkQueue?) {
+    func scheduleDrain(on target: WorkQueue?, shared: Bool = true) {
         if let target {
-            target.submit(.drain(self))
+            target.submit(.drain(self), shared: shared)
         } else {
             MainQueueDrain.signal()
         }

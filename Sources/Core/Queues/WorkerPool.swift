@@ -130,9 +130,9 @@ final class WorkerPool: @unchecked Sendable {
     /// Queues `unit` to run on one of the pool's workers. Never blocks for
     /// long (a short lock). Orders: everything before the call happens
     /// before the unit runs (the ring's lock).
-    func submit(_ unit: consuming WorkUnit, lane: Int) {
+    func submit(_ unit: consuming WorkUnit, lane: Int, shared: Bool = false) {
         if lane == Self.defaultLane, let worker = PoolWorker.current, worker.pool === self {
-            if !worker.pushLocal(unit) { return }
+            if !worker.pushLocal(unit, mayUseSlot: !shared) { return }
         } else {
             lock.lock()
             injector[lane].pushBack(unit)
