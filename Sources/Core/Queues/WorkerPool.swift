@@ -15,11 +15,18 @@ import CShims
 ///   the pool's lock instead of an atomic P list).
 /// - **Queues.** Each worker has a local ring; a worker that submits to its
 ///   own pool pushes there (no shared lock: the submitter runs the work soon,
-///   on a warm cache). Other threads push to the shared injector, in two
-///   lanes (high before default; the `standard` band serves both). A worker
-///   looks in the high lane, its own ring, the default lane, then steals half
-///   of another worker's ring. Every 61st look starts at the injector so a
-///   busy local ring cannot starve it (Go's `schedtick % 61`).
+///   on a warm cache). A continuation (an item's `async` onto a global queue,
+///   or the first drain of a serial queue) submitted while the ring is empty
+///   goes to the worker's next-unit slot instead: no wake-up, not stealable,
+///   so a chain of items stays on one worker (Tokio's LIFO slot, Go's
+///   `runnext`); the slot is flushed to the ring when the item blocks or the
+///   worker parks, and after 16 slot runs in a row. Other threads push to the
+///   shared injector, in two lanes (high before default; the `standard` band
+///   serves both); a worker takes a fair share of the default lane per trip
+///   through the lock (Go's `globrunqget`). A worker looks in its slot, the
+///   high lane, its own ring, the default lane, then steals half of another
+///   worker's ring. Every 61st look starts at the injector so a busy local
+///   ring cannot starve it (Go's `schedtick % 61`).
 /// - **Waking.** A submitter wakes a worker only if nobody is searching and
 ///   a permit is free (Tokio's `notify_parked`); a searcher that finds work
 ///   and was the last one searching wakes another if more is queued, so a
