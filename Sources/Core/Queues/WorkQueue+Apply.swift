@@ -1,3 +1,5 @@
+import CShims
+
 extension WorkQueue {
     /// Calls `body(i)` for every `i` in `0..<iterations`, exactly once each,
     /// and returns when all have returned: the guide's `dispatch_apply`.
@@ -26,6 +28,7 @@ extension WorkQueue {
         }
         guard iterations > 0 else { return }
         if kind == .serial {
+            if cshims_queue_frame() != nil || isMain { requireNoDeadlock("apply(iterations:)", barrier: false) }
             sync {
                 for i in 0..<iterations { body(i) }
             }
