@@ -17,14 +17,13 @@
 /// The count and a "someone sleeps" bit share one futex word: `leave` makes
 /// a system call only when it empties the group while someone waits.
 public final class WorkGroup: @unchecked Sendable {
-    // @unchecked: the word is atomic; `notifications` is guarded by `lock`.
+    // @unchecked: the word is atomic; `notifications` synchronizes itself.
 
     private static let waitersBit: UInt32 = 1 << 31
     private static let countMask: UInt32 = ~waitersBit
 
     private let word: UnsafeMutablePointer<UInt32>
-    private let lock = GuardLock()
-    private var notifications: [(WorkQueue, @Sendable () -> Void)] = []
+    private let notifications = PendingNotifications()
 
     /// An empty group.
     public init() {
@@ -59,11 +58,7 @@ public final class WorkGroup: @unchecked Sendable {
             _ = AtomicMemory.and(Self.countMask, into: word, ordering: .relaxed)
             Futex(word).wakeAll()
         }
-        lock.lock()
-        let due = notifications
-        notifications = []
-        lock.unlock()
-        for (queue, body) in due { queue.async(body) }
+        notifications.fire()
     }
 
     /// Blocks until the group is empty. A blocking region on a pool worker.
@@ -75,19 +70,8 @@ public final class WorkGroup: @unchecked Sendable {
     /// Blocks until the group is empty or `deadline` passes; a deadline
     /// already past only checks.
     public func wait(until deadline: MonotonicClock.Instant) -> WorkWaitResult {
-        if AtomicMemory.load(from: word, ordering: .acquiring) & Self.countMask == 0 { return .completed }
-        return announcingBlocking {
-            while true {
-                let state = AtomicMemory.load(from: word, ordering: .acquiring)
-                if state & Self.countMask == 0 { return .completed }
-                if !deadline.isDistantFuture && MonotonicClock.now >= deadline { return .timedOut }
-                if state & Self.waitersBit == 0 {
-                    let r = AtomicMemory.compareExchange(
-                        expected: state, desired: state | Self.waitersBit, at: word, ordering: .relaxed)
-                    if !r.exchanged { continue }
-                }
-                _ = Futex(word).wait(expecting: state | Self.waitersBit, until: deadline)
-            }
+        CompletionWaiters(word: word, waitersBit: Self.waitersBit).wait(until: deadline) {
+            $0 & Self.countMask == 0
         }
     }
 
@@ -99,13 +83,9 @@ public final class WorkGroup: @unchecked Sendable {
     /// Submits `body` to `queue` once the group is empty: at once if it is
     /// empty now, else when the last member leaves. Never blocks.
     public func notify(on queue: WorkQueue, _ body: @escaping @Sendable () -> Void) {
-        lock.lock()
-        if AtomicMemory.load(from: word, ordering: .acquiring) & Self.countMask == 0 {
-            lock.unlock()
-            queue.async(body)
-            return
+        // Acquiring: the closure sees what the members wrote.
+        notifications.add(body, on: queue) {
+            AtomicMemory.load(from: word, ordering: .acquiring) & Self.countMask == 0
         }
-        notifications.append((queue, body))
-        lock.unlock()
     }
 }

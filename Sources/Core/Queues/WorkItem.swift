@@ -12,7 +12,7 @@
 /// Thread-safe. Memory: what the closure wrote is visible after `wait`
 /// returns and to notification closures.
 public final class WorkItem: @unchecked Sendable {
-    // @unchecked: `state` is atomic; `notifications` is guarded by `lock`;
+    // @unchecked: `state` is atomic; `notifications` synchronizes itself;
     // the rest is immutable.
 
     private enum State {
@@ -27,8 +27,7 @@ public final class WorkItem: @unchecked Sendable {
     /// Whether the item runs as a barrier on a concurrent queue.
     public let isBarrier: Bool
     private let state: UnsafeMutablePointer<UInt32>
-    private let lock = GuardLock()
-    private var notifications: [(WorkQueue, @Sendable () -> Void)] = []
+    private let notifications = PendingNotifications()
 
     /// A work item running `body`; with `barrier`, it runs alone on a
     /// concurrent queue (see `WorkQueue.asyncBarrier`).
@@ -86,11 +85,7 @@ public final class WorkItem: @unchecked Sendable {
         // Releasing: pairs with the waiters' acquiring loads.
         let before = AtomicMemory.orOriginal(State.finished, into: state, ordering: .acquiringAndReleasing)
         if before & State.waiters != 0 { Futex(state).wakeAll() }
-        lock.lock()
-        let due = notifications
-        notifications = []
-        lock.unlock()
-        for (queue, body) in due { queue.async(body) }
+        notifications.fire()
     }
 
     /// Blocks until the item has finished. A blocking region on a pool worker.
@@ -100,18 +95,8 @@ public final class WorkItem: @unchecked Sendable {
 
     /// Blocks until the item has finished or `deadline` passes.
     public func wait(until deadline: MonotonicClock.Instant) -> WorkWaitResult {
-        if isFinished { return .completed }
-        return announcingBlocking {
-            while true {
-                let s = AtomicMemory.load(from: state, ordering: .acquiring)
-                if s & State.finished != 0 { return .completed }
-                if !deadline.isDistantFuture && MonotonicClock.now >= deadline { return .timedOut }
-                if s & State.waiters == 0 {
-                    let r = AtomicMemory.compareExchange(expected: s, desired: s | State.waiters, at: state, ordering: .relaxed)
-                    if !r.exchanged { continue }
-                }
-                _ = Futex(state).wait(expecting: s | State.waiters, until: deadline)
-            }
+        CompletionWaiters(word: state, waitersBit: State.waiters).wait(until: deadline) {
+            $0 & State.finished != 0
         }
     }
 
@@ -123,13 +108,6 @@ public final class WorkItem: @unchecked Sendable {
     /// Submits `body` to `queue` once the item has finished (at once if it
     /// has). Never blocks.
     public func notify(on queue: WorkQueue, _ body: @escaping @Sendable () -> Void) {
-        lock.lock()
-        if isFinished {
-            lock.unlock()
-            queue.async(body)
-            return
-        }
-        notifications.append((queue, body))
-        lock.unlock()
+        notifications.add(body, on: queue) { isFinished }
     }
 }
