@@ -385,7 +385,7 @@ struct ThreadLoopMembershipTests {
             // is the new process id), free to run the check.
             let child = fork()
             if child == 0 {
-                alarm(30)  // a hang fails the test instead of stalling it
+                armHangAlarm(seconds: 30)  // a hang fails the test instead of stalling it
                 _exit(mainThreadTakesUpTheMainLoop())
             }
             guard child > 0 else { exit(10) }

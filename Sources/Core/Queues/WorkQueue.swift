@@ -34,7 +34,15 @@
 ///
 /// Memory: `async` stores the closure in the queue's ring; it allocates
 /// nothing beyond the closure's own context once the ring has grown to the
-/// queue's backlog.
+/// queue's backlog. Dropping the last reference to a suspended queue is
+/// allowed (Dispatch on Linux dies of it): its pending items are released
+/// without running, their groups are left, and the finalizer runs.
+///
+/// After `fork()`, in the child: the global queues (with the items queued
+/// in the parent), the main queue, `async(after:)` and every queue made
+/// in the child work. A queue whose item was running on another thread of
+/// the parent at the fork stays busy for good: that thread does not exist in
+/// the child (as with a lock another thread held).
 public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvertible {
     // @unchecked: every mutable field is guarded by `lock` (see each), and
     // the ring is only touched under it.
