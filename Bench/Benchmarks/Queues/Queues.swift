@@ -455,9 +455,17 @@ let benchmarks: @Sendable () -> Void = {
     // MARK: 10. skynet
 
     do {
+        // About 1 s per tree here. package-benchmark records an iteration's
+        // throughput as 10^9 / its nanoseconds rounded to an integer, so an
+        // iteration of 2 s or more has none, and the JMH export drops a row
+        // with no throughput at all: if the only measured iteration takes
+        // over `maxDuration`, or every one takes 2 s or more, the row is
+        // missing from the table ("Throughput metric must be present" on
+        // stderr). A 5 s budget leaves room for several iterations even when
+        // the first is slow.
         let group = "queue.skynet 1000000 leaves fan-out 10"
         let settings = RunSettings(
-            scalingFactor: .one, maxDuration: .seconds(3), maxIterations: 10, warmupIterations: 1,
+            scalingFactor: .one, maxDuration: .seconds(5), maxIterations: 8, warmupIterations: 1,
             reportedMetrics: [.cpuPerOperation])
         sideBySide(
             group: group, settings: settings,
