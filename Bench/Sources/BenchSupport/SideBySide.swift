@@ -104,6 +104,13 @@ public struct RunSettings {
     /// `.timePerOperation`, instead of) the measured time; see
     /// ReportedMetrics.swift. Empty for most groups.
     public var reportedMetrics: [ReportedMetric]
+    /// For a group that declares `.cpuPerOperation` but measures only part
+    /// of its iteration (between `startMeasurement()` and
+    /// `stopMeasurement()`, with setup or clean-up around it): true when the
+    /// body records the CPU time of that part itself
+    /// (`Benchmark.recordCPUTimePerOperation`), so that sideBySide does not
+    /// measure it around the whole body, setup included. False for most groups.
+    public var bodyRecordsCPU: Bool
 
     public init(
         scalingFactor: BenchmarkScalingFactor = .kilo,
@@ -111,7 +118,8 @@ public struct RunSettings {
         maxIterations: Int = 100_000,
         warmupIterations: Int = 50,
         extraMetrics: [BenchmarkMetric] = [],
-        reportedMetrics: [ReportedMetric] = []
+        reportedMetrics: [ReportedMetric] = [],
+        bodyRecordsCPU: Bool = false
     ) {
         self.scalingFactor = scalingFactor
         self.maxDuration = maxDuration
@@ -119,6 +127,7 @@ public struct RunSettings {
         self.warmupIterations = warmupIterations
         self.extraMetrics = extraMetrics
         self.reportedMetrics = reportedMetrics
+        self.bodyRecordsCPU = bodyRecordsCPU
     }
 
     /// Tuned for single operations of one to a few tens of nanoseconds:
@@ -194,7 +203,9 @@ public func sideBySide(
         let fullName = "\(group)/\(name)" + (implementation.isReference ? referenceMarker : "")
         // A group that declares `cpuPerOperation` gets it measured around
         // every implementation's iteration alike, partner threads included.
-        let body = settings.reportedMetrics.contains { $0.name == ReportedMetric.cpuPerOperation.name }
+        // A body that measures part of its iteration records its own.
+        let body = !settings.bodyRecordsCPU
+            && settings.reportedMetrics.contains { $0.name == ReportedMetric.cpuPerOperation.name }
             ? measuringCPUPerOperation(implementation.body)
             : implementation.body
         Benchmark(fullName, configuration: settings.configuration, closure: body)
