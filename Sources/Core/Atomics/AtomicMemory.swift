@@ -98,6 +98,7 @@ extension AtomicMemory {
     /// Reads the word at `address` atomically. A `.releasing` ordering reads
     /// as `.relaxed` and `.acquiringAndReleasing` as `.acquiring`.
     @inlinable
+    @inline(__always)
     public static func load<T: AtomicMemoryWord>(
         from address: UnsafeMutablePointer<T>, ordering: Ordering = .relaxed
     ) -> T {
@@ -112,6 +113,7 @@ extension AtomicMemory {
     /// ordering writes as `.relaxed` and `.acquiringAndReleasing` as
     /// `.releasing`.
     @inlinable
+    @inline(__always)
     public static func store<T: AtomicMemoryWord>(
         _ value: T, to address: UnsafeMutablePointer<T>, ordering: Ordering = .relaxed
     ) {
@@ -125,6 +127,7 @@ extension AtomicMemory {
 
     /// Stores `value` and returns the value it replaced, in one atomic step.
     @inlinable
+    @inline(__always)
     public static func exchange<T: AtomicMemoryWord>(
         _ value: T, at address: UnsafeMutablePointer<T>, ordering: Ordering = .relaxed
     ) -> T {
@@ -145,6 +148,7 @@ extension AtomicMemory {
     /// returns the new value: `OSAtomicAdd32`/`OSAtomicAdd64` and their
     /// Barrier forms.
     @inlinable
+    @inline(__always)
     @discardableResult
     public static func add<T: AtomicMemoryWord>(
         _ amount: T, to address: UnsafeMutablePointer<T>, ordering: Ordering = .relaxed
@@ -238,6 +242,7 @@ extension AtomicMemory {
     /// On failure the ordering's release half does not apply (nothing was
     /// written).
     @inlinable
+    @inline(__always)
     public static func compareAndSwap<T: AtomicMemoryWord>(
         expected: T, desired: T, at address: UnsafeMutablePointer<T>, ordering: Ordering = .relaxed
     ) -> Bool {
@@ -248,6 +253,7 @@ extension AtomicMemory {
     /// (equal to `expected` exactly when the exchange happened), which saves
     /// a retry loop its reload.
     @inlinable
+    @inline(__always)
     public static func compareExchange<T: AtomicMemoryWord>(
         expected: T, desired: T, at address: UnsafeMutablePointer<T>, ordering: Ordering = .relaxed
     ) -> (exchanged: Bool, original: T) {
@@ -293,6 +299,7 @@ extension AtomicMemory {
     /// `add` on a word of type `T` at a raw address (memory Spindle did not
     /// allocate: a C struct field, a shared mapping). Returns the new value.
     @inlinable
+    @inline(__always)
     @discardableResult
     public static func add<T: AtomicMemoryWord>(
         _ amount: T, to address: UnsafeMutableRawPointer, as type: T.Type, ordering: Ordering = .relaxed
@@ -302,6 +309,7 @@ extension AtomicMemory {
 
     /// `compareAndSwap` on a word of type `T` at a raw address.
     @inlinable
+    @inline(__always)
     public static func compareAndSwap<T: AtomicMemoryWord>(
         expected: T, desired: T, at address: UnsafeMutableRawPointer, as type: T.Type,
         ordering: Ordering = .relaxed
@@ -311,6 +319,7 @@ extension AtomicMemory {
 
     /// `load` of a word of type `T` at a raw address.
     @inlinable
+    @inline(__always)
     public static func load<T: AtomicMemoryWord>(
         _ type: T.Type, from address: UnsafeMutableRawPointer, ordering: Ordering = .relaxed
     ) -> T {
@@ -319,6 +328,7 @@ extension AtomicMemory {
 
     /// `store` of a word of type `T` at a raw address.
     @inlinable
+    @inline(__always)
     public static func store<T: AtomicMemoryWord>(
         _ value: T, to address: UnsafeMutableRawPointer, as type: T.Type, ordering: Ordering = .relaxed
     ) {

@@ -19,10 +19,10 @@ struct GuardLock: Locking, @unchecked Sendable {
         mutex = PlainFutexMutex(word: word)
     }
 
-    func lock() { mutex.lock() }
-    func tryLock() -> Bool { mutex.tryLock() }
+    @inline(__always) func lock() { mutex.lock() }
+    @inline(__always) func tryLock() -> Bool { mutex.tryLock() }
     func lock(before deadline: MonotonicClock.Instant) -> Bool { mutex.lock(before: deadline) }
-    func unlock() { mutex.unlock() }
+    @inline(__always) func unlock() { mutex.unlock() }
 
     /// In a child after `fork()`, where a parent thread may have held it:
     /// unlocked again. No other thread exists there to hold it.

@@ -11,6 +11,8 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     unowned(unsafe) let pool: WorkerPool
     let number: Int
     let local = WorkRing(capacity: 256, publishesCount: true)
+    /// `local`'s published count, for reads without touching the ring object.
+    let localCount: UnsafeMutablePointer<Int>
     let localLock = GuardLock()
     /// 0 running, 1 parked (futex word).
     private let parkWord: UnsafeMutablePointer<UInt32>
@@ -34,6 +36,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     init(pool: WorkerPool, number: Int) {
         self.pool = pool
         self.number = number
+        localCount = local.publishedCount
         parkWord = allocateStableWords(byteCount: 4).assumingMemoryBound(to: UInt32.self)
         stealBuffer = .allocate(capacity: Self.stealLimit)
     }
@@ -126,7 +129,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         slotRuns = 0
         if tick % 61 == 0, let unit = pool.takeFromInjector(lane: defaultLane, for: self) { return (unit, defaultLane) }
         if let unit = pool.takeFromInjector(lane: WorkerPool.highLane, for: self) { return (unit, WorkerPool.highLane) }
-        if local.approximateCount > 0 {
+        if AtomicMemory.load(from: localCount, ordering: .sequentiallyConsistent) > 0 {
             localLock.lock()
             let unit = local.popFront()
             localLock.unlock()
@@ -145,7 +148,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         let start = Int.random(in: 0..<all.count)
         for i in 0..<all.count {
             let victim = all[(start + i) % all.count]
-            if victim === self || victim.local.approximateCount == 0 { continue }
+            if victim === self || AtomicMemory.load(from: victim.localCount, ordering: .sequentiallyConsistent) == 0 { continue }
             victim.localLock.lock()
             let n = victim.local.popFront(into: stealBuffer, limit: min(Self.stealLimit, (victim.local.count + 1) / 2))
             victim.localLock.unlock()
@@ -167,7 +170,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     func pushLocal(_ unit: consuming WorkUnit, mayUseSlot: Bool) -> Bool {
         // Only this thread adds to its ring, so a zero count cannot grow
         // meanwhile.
-        if mayUseSlot && nextSlot == nil && local.approximateCount == 0 {
+        if mayUseSlot && nextSlot == nil && AtomicMemory.load(from: localCount, ordering: .sequentiallyConsistent) == 0 {
             nextSlot = unit
             return false
         }
@@ -201,17 +204,21 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         let deadline = MonotonicClock.now.advanced(by: WorkerPool.spinBeforePark)
         // One snapshot for the whole spin: the pool's lock stays free for
         // submitters. Only loads, so the rings' lines stay shared.
-        let others = pool.workerSnapshot()
+        // Raw pointers to the counts: no reference counting while polling.
+        // (Its own ring cannot fill meanwhile: only its own thread pushes.)
+        let others = pool.workerSnapshot().map(\.localCount)
+        let high = pool.injectorCounts[WorkerPool.highLane]
+        let normal = pool.injectorCounts[WorkerPool.defaultLane]
         while true {
             for _ in 0..<64 {
-                if pool.injector[0].approximateCount > 0 || pool.injector[1].approximateCount > 0
-                    || local.approximateCount > 0
+                if AtomicMemory.load(from: high, ordering: .relaxed) > 0
+                    || AtomicMemory.load(from: normal, ordering: .relaxed) > 0
                 {
                     return true
                 }
                 spinLoopHint()
             }
-            if others.contains(where: { $0.local.approximateCount > 0 }) { return true }
+            if others.contains(where: { AtomicMemory.load(from: $0, ordering: .relaxed) > 0 }) { return true }
             if MonotonicClock.now >= deadline { return false }
         }
     }

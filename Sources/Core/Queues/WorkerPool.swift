@@ -108,6 +108,10 @@ final class WorkerPool: @unchecked Sendable {
     // Guarded by `lock`.
     let lock = GuardLock()
     let injector: [WorkRing]
+    /// The injector lanes' published counts, read by polling workers
+    /// through raw pointers: reading them through the ring objects would
+    /// retain and release the rings, writes to lines the busy workers use.
+    let injectorCounts: [UnsafeMutablePointer<Int>]
     var idle: [PoolWorker] = []
     var workers: [PoolWorker] = []
     var threadCount = 0
@@ -128,6 +132,7 @@ final class WorkerPool: @unchecked Sendable {
         self.width = width
         maximumThreads = width + Self.compensationLimit
         injector = [WorkRing(capacity: 256, publishesCount: true), WorkRing(capacity: 1024, publishesCount: true)]
+        injectorCounts = injector.map(\.publishedCount)
         words = allocateStableWords(byteCount: 192)
         ForkHandlers.install()
     }
@@ -194,11 +199,11 @@ final class WorkerPool: @unchecked Sendable {
     /// Whether any ring of the pool holds work (stale at once; for wake-up
     /// decisions).
     func hasQueuedWork() -> Bool {
-        if injector[0].approximateCount > 0 || injector[1].approximateCount > 0 { return true }
+        if injectorHasWork { return true }
         lock.lock()
         let all = workers
         lock.unlock()
-        return all.contains { $0.local.approximateCount > 0 }
+        return all.contains { AtomicMemory.load(from: $0.localCount, ordering: .sequentiallyConsistent) > 0 }
     }
 
     // MARK: Taking work
@@ -208,7 +213,7 @@ final class WorkerPool: @unchecked Sendable {
     /// ring, so that a burst from outside costs the workers one trip through
     /// the pool's lock per batch rather than per unit (Go's `globrunqget`).
     func takeFromInjector(lane: Int, for worker: PoolWorker) -> WorkUnit? {
-        guard injector[lane].approximateCount > 0 else { return nil }
+        guard AtomicMemory.load(from: injectorCounts[lane], ordering: .sequentiallyConsistent) > 0 else { return nil }
         lock.lock()
         guard let unit = injector[lane].popFront() else {
             lock.unlock()
@@ -222,6 +227,13 @@ final class WorkerPool: @unchecked Sendable {
         lock.unlock()
         if moved > 0 { worker.adoptFromBuffer(moved) }
         return unit
+    }
+
+    /// Whether either injector lane holds work (stale at once).
+    @inline(__always)
+    var injectorHasWork: Bool {
+        AtomicMemory.load(from: injectorCounts[0], ordering: .sequentiallyConsistent) > 0
+            || AtomicMemory.load(from: injectorCounts[1], ordering: .sequentiallyConsistent) > 0
     }
 
     /// A snapshot of the live workers, for stealing.
