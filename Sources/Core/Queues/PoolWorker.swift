@@ -197,10 +197,14 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         localLock.unlock()
     }
 
-    /// The last searcher polls the rings' counts for up to `spinBeforePark`;
-    /// true if work appeared. Others return at once.
+    /// The pool's one spinner (whoever takes the spinner word) polls the
+    /// rings' counts for up to `spinBeforePark`; true if work appeared.
+    /// Others return at once.
     private func spinForWork() -> Bool {
-        guard AtomicMemory.load(from: pool.searching, ordering: .relaxed) == 1 else { return false }
+        guard AtomicMemory.load(from: pool.spinner, ordering: .relaxed) == 0,
+              AtomicMemory.compareAndSwap(expected: 0, desired: 1, at: pool.spinner, ordering: .relaxed)
+        else { return false }
+        defer { AtomicMemory.store(0, to: pool.spinner, ordering: .relaxed) }
         let deadline = MonotonicClock.now.advanced(by: WorkerPool.spinBeforePark)
         // One snapshot for the whole spin: the pool's lock stays free for
         // submitters. Only loads, so the rings' lines stay shared.

@@ -34,8 +34,10 @@ import CShims
 ///   park re-checks every ring after giving up its permit (a Dekker pair of
 ///   sequentially consistent operations with the submitter's push and
 ///   check), so no submission is left with every worker asleep.
-/// - **Spinning.** Only the last searcher spins before parking, for at most
-///   `spinBeforePark`, polling the rings' published counts: an item that
+/// - **Spinning.** One worker per pool at a time (whoever takes the spinner
+///   word; a count of searchers would let two that check at once both
+///   park) spins before parking, for at most `spinBeforePark`, polling the
+///   rings' published counts: an item that
 ///   arrives within that window starts without a futex wake (on this VM an
 ///   idle vCPU takes 40–55 µs to wake). The cost is that much CPU per
 ///   transition to idle, for one worker per pool.
@@ -117,11 +119,14 @@ final class WorkerPool: @unchecked Sendable {
     var threadCount = 0
     var nextWorkerNumber = 0
 
-    /// Atomic counters, each on its own cache line: active, searching.
+    /// Atomic counters, each on its own cache line: active, searching,
+    /// idle, spinner.
     private let words: UnsafeMutableRawPointer
     var active: UnsafeMutablePointer<Int> { words.assumingMemoryBound(to: Int.self) }
     var searching: UnsafeMutablePointer<Int> { (words + 64).assumingMemoryBound(to: Int.self) }
     var idleCount: UnsafeMutablePointer<Int> { (words + 128).assumingMemoryBound(to: Int.self) }
+    /// 1 while a worker spins before parking: at most one per pool does.
+    var spinner: UnsafeMutablePointer<Int> { (words + 192).assumingMemoryBound(to: Int.self) }
 
     /// Lane numbers of the injector.
     static let highLane = 0
@@ -133,7 +138,7 @@ final class WorkerPool: @unchecked Sendable {
         maximumThreads = width + Self.compensationLimit
         injector = [WorkRing(capacity: 256, publishesCount: true), WorkRing(capacity: 1024, publishesCount: true)]
         injectorCounts = injector.map(\.publishedCount)
-        words = allocateStableWords(byteCount: 192)
+        words = allocateStableWords(byteCount: 256)
         ForkHandlers.install()
     }
 
