@@ -128,25 +128,6 @@ struct WorkQueueMisuseTests {
             "WorkQueue.setTarget(_:): 'spindle.main' is the main queue; only queues you create have a target"))
     }
 
-    /// Documented on `init(label:kind:target:)` ("Stops the process if the
-    /// target is the main queue's chain and the queue is concurrent") and on
-    /// `setTarget(_:)`; the main queue runs one item at a time.
-    @Test func concurrentQueueTargetingTheMainQueueAtCreation() async {
-        let r = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
-            _ = WorkQueue(label: "misuse.onmain", kind: .concurrent, target: .main)
-        }
-        #expect(stderr(r).contains("'misuse.onmain'"))
-    }
-
-    @Test func concurrentQueueRetargetedOntoTheMainQueuesChain() async {
-        let r = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
-            let onMain = WorkQueue(label: "misuse.mainchild", target: .main)
-            let concurrent = WorkQueue(label: "misuse.toward.main", kind: .concurrent)
-            concurrent.setTarget(onMain)
-        }
-        #expect(stderr(r).contains("'misuse.toward.main'"))
-    }
-
     @Test func asyncBarrierOnAGlobalQueue() async {
         let r = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
             WorkQueue.global().asyncBarrier {}

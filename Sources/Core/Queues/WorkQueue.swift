@@ -129,9 +129,9 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
         self.init(label: label, kind: kind, target: WorkQueue.global(priority))
     }
 
-    /// A new queue whose items run as if submitted to `target`. Stops the
-    /// process if the target is the main queue's chain and the queue is
-    /// concurrent (the main queue runs one item at a time).
+    /// A new queue whose items run as if submitted to `target`. A
+    /// concurrent queue whose chain reaches a serial queue (or the main
+    /// queue) runs one item at a time, as its root does.
     public init(label: String, kind: Kind = .serial, target: WorkQueue) {
         self.label = label
         self.kind = kind
@@ -547,11 +547,10 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
 
     /// Makes the queue's items run as if submitted to `target` from now on
     /// (a drain already scheduled finishes where it is). Stops the process if
-    /// `target` is this queue or reaches it through its own targets, if this
-    /// is a global or the main queue, or if a concurrent queue would target
-    /// the main queue's chain.
+    /// `target` is this queue or reaches it through its own targets, or if
+    /// this is a global or the main queue.
     public func setTarget(_ target: WorkQueue) {
-        require(!isGlobal && !isMain, "WorkQueue.setTarget(_:): '\(label)' is a \(isMain ? "the main" : "global") queue; only queues you create have a target")
+        require(!isGlobal && !isMain, "WorkQueue.setTarget(_:): '\(label)' is \(isMain ? "the main" : "a global") queue; only queues you create have a target")
         Self.targetLock.lock()
         defer { Self.targetLock.unlock() }
         var chain: [String] = [label]
