@@ -85,10 +85,17 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         }
         BlockingObserver.install(self)
         defer { BlockingObserver.install(nil) }
+        // The global queues of the two lanes, unretained (they live for the
+        // whole process): a frame per unit then costs no reference counting
+        // on an object every worker shares.
+        let laneQueues = [
+            Unmanaged.passUnretained(pool.globalQueue(lane: 0)),
+            Unmanaged.passUnretained(pool.globalQueue(lane: 1)),
+        ]
         while true {
             if let (unit, lane) = findWork() {
                 if isSearching { stopSearching() }
-                QueueFrame.with(pool.globalQueue(lane: lane)) { unit.run() }
+                QueueFrame.with(unretained: laneQueues[lane]) { unit.run() }
                 // Over width: a worker came back from a blocking wait while
                 // its replacement ran. Give the permit back.
                 if AtomicMemory.load(from: pool.active, ordering: .relaxed) > pool.width {

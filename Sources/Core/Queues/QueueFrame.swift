@@ -22,6 +22,18 @@ struct QueueFrame {
         }
     }
 
+    /// `with`, for a queue the caller holds unretained (one that lives for
+    /// the whole process).
+    @inline(__always)
+    static func with(unretained queue: Unmanaged<WorkQueue>, _ body: () -> Void) {
+        var frame = QueueFrame(queue: queue, previous: cshims_queue_frame())
+        withUnsafeMutablePointer(to: &frame) { pointer in
+            cshims_set_queue_frame(UnsafeMutableRawPointer(pointer))
+            body()
+            cshims_set_queue_frame(pointer.pointee.previous)
+        }
+    }
+
     /// The innermost queue, or nil outside any item.
     static var innermost: WorkQueue? {
         guard let raw = cshims_queue_frame() else { return nil }
