@@ -126,12 +126,20 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         let defaultLane = WorkerPool.defaultLane
         tick &+= 1
         if nextSlot != nil {
-            if slotRuns < Self.slotLimit {
+            // After `slotLimit` slot runs in a row the slot's unit becomes
+            // stealable, if anything else waits (its own ring or the
+            // injector) that another worker could take meanwhile; with
+            // nothing else queued there is nobody to be fair to, and a
+            // flush would only wake a worker to steal the chain.
+            if slotRuns >= Self.slotLimit
+                && (AtomicMemory.load(from: localCount, ordering: .relaxed) > 0 || pool.injectorHasWork)
+            {
+                flushSlot()
+            } else {
                 slotRuns += 1
                 let unit = nextSlot.take()!
                 return (unit, defaultLane)
             }
-            flushSlot()
         }
         slotRuns = 0
         if tick % 61 == 0, let unit = pool.takeFromInjector(lane: defaultLane, for: self) { return (unit, defaultLane) }
