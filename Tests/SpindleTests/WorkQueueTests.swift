@@ -2,6 +2,10 @@ import Spindle
 import Testing
 import TestSupport
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 @Suite("WorkQueue")
 struct WorkQueueTests {
     @Test func serialQueueRunsItemsOneAtATimeInOrder() {
@@ -219,5 +223,137 @@ struct WorkQueueTests {
         let child = WorkQueue(label: "child", target: root)
         #expect(child.sync { WorkQueue.currentSpecific(for: key) } == "root value")
         #expect(WorkQueue.currentSpecific(for: key) == nil)
+    }
+}
+
+@Suite("WorkQueue edge cases")
+struct WorkQueueEdgeTests {
+    @Test func itemReleasesWhatItCapturedOnceItHasRun() {
+        final class Payload: Sendable {}
+        let queue = WorkQueue(label: "test.release")
+        weak var watched: Payload?
+        do {
+            let payload = Payload()
+            watched = payload
+            queue.async { _ = payload }
+        }
+        queue.sync {}
+        #expect(watched == nil)
+    }
+
+    @Test func syncFromAWorkerOntoABusySerialQueueWaitsAndRuns() {
+        let busy = WorkQueue(label: "test.busy")
+        let gate = Semaphore(value: 0)
+        busy.async { gate.wait() }
+        let result = LockedValue(0)
+        let done = WorkGroup()
+        // More callers than workers, each blocked in a queued `sync`: the
+        // pool must start others so that the item opening the gate runs.
+        for i in 0..<(WorkQueue.poolWidth + 2) {
+            WorkQueue.global().async(group: done) {
+                let value = busy.sync { i }
+                result.withLock { $0 += value }
+            }
+        }
+        WorkQueue.global().async { _ = gate.signal() }
+        #expect(done.wait(timeout: .seconds(30)) == .completed)
+        let n = WorkQueue.poolWidth + 2
+        #expect(result.withLock { $0 } == n * (n - 1) / 2)
+    }
+
+    @Test func asyncAfterOnASerialQueueKeepsDeadlineOrderAndRunsAlone() {
+        let queue = WorkQueue(label: "test.after.serial")
+        let log = OrderLog()
+        let occupancy = Occupancy()
+        let group = WorkGroup()
+        let start = MonotonicClock.now
+        for i in (0..<20).reversed() {
+            group.enter()
+            queue.async(after: start.advanced(by: .milliseconds(i))) {
+                _ = occupancy.enter()
+                log.append(i)
+                occupancy.leave()
+                group.leave()
+            }
+        }
+        #expect(group.wait(timeout: .seconds(30)) == .completed)
+        #expect(log.all == Array(0..<20))
+        #expect(occupancy.peak == 1)
+    }
+
+    @Test func barrierWorkItemRunsAloneOnAConcurrentQueue() {
+        let queue = WorkQueue(label: "test.itembarrier", kind: .concurrent)
+        let occupancy = Occupancy()
+        let group = WorkGroup()
+        for _ in 0..<50 {
+            queue.async(group: group) {
+                _ = occupancy.enter()
+                for _ in 0..<500 { spinLoopHint() }
+                occupancy.leave()
+            }
+        }
+        let alone = LockedValue(false)
+        let barrier = WorkItem(barrier: true) {
+            alone.withLock { $0 = occupancy.enter() == 1 }
+            occupancy.leave()
+        }
+        queue.async(barrier)
+        #expect(barrier.wait(timeout: .seconds(30)) == .completed)
+        #expect(alone.withLock { $0 })
+        #expect(group.wait(timeout: .seconds(30)) == .completed)
+    }
+
+    /// In a child process, where no other test's items share the pool.
+    @Test func highPriorityItemsStartBeforeQueuedDefaultOnes() async {
+        await #expect(processExitsWith: .success) {
+            // Keep every standard worker busy (spinning, not in a blocking
+            // wait, so the pool starts no replacement), queue default items
+            // then one high item: the workers, once free, look at the high
+            // lane first.
+            let width = WorkQueue.poolWidth
+            let release = LockedValue(false)
+            let held = Latch(width)
+            let hold = WorkGroup()
+            for _ in 0..<width {
+                WorkQueue.global().async(group: hold) {
+                    held.countDown()
+                    while !release.withLock({ $0 }) { spinLoopHint() }
+                }
+            }
+            guard held.wait() else { exit(2) }
+            let log = OrderLog()
+            let all = WorkGroup()
+            for i in 0..<20 { WorkQueue.global().async(group: all) { log.append(i) } }
+            WorkQueue.global(.high).async(group: all) { log.append(-1) }
+            release.withLock { $0 = true }
+            guard all.wait(timeout: .seconds(30)) == .completed,
+                  hold.wait(timeout: .seconds(30)) == .completed
+            else { exit(3) }
+            // Each freed worker takes one unit first; at most one look in 61
+            // starts at the default lane (so the injector is never starved).
+            exit(log.all.firstIndex(of: -1)! <= width ? 0 : 4)
+        }
+    }
+
+    @Test func workItemPerformedByHandRunsOnTheCallersThread() {
+        let caller = NativeThread.current
+        let ran = LockedValue(false)
+        let item = WorkItem { ran.withLock { $0 = NativeThread.current === caller } }
+        item.perform()
+        #expect(ran.withLock { $0 })
+        #expect(item.isFinished)
+        #expect(item.wait(until: .now) == .completed)
+    }
+
+    @Test func requireCurrentPassesInsideTheQueueAndItsTarget() {
+        let root = WorkQueue(label: "root")
+        let child = WorkQueue(label: "child", target: root)
+        child.sync {
+            child.requireCurrent()
+            root.requireCurrent()
+            WorkQueue.global(.low).requireNotCurrent()
+            WorkQueue.global().requireCurrent()  // the root's target
+        }
+        #expect(!child.isCurrent)
     }
 }
