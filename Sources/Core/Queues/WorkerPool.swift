@@ -36,11 +36,11 @@ import CShims
 ///   check), so no submission is left with every worker asleep.
 /// - **Spinning.** One worker per pool at a time (whoever takes the spinner
 ///   word; a count of searchers would let two that check at once both
-///   park) spins before parking, for at most `spinBeforePark`, polling the
-///   rings' published counts: an item that
-///   arrives within that window starts without a futex wake (on this VM an
-///   idle vCPU takes 40–55 µs to wake). The cost is that much CPU per
-///   transition to idle, for one worker per pool.
+///   park) spins before parking, for at most `spinBeforePark` (5 µs),
+///   polling the rings' published counts: an item that arrives within that
+///   window starts without a futex wake. Not longer: a spinner holding one
+///   core while the thread it answers must be woken on another, idle one
+///   makes hand-offs slower, not faster (see `spinBeforePark`).
 /// - **Parking.** On a per-worker futex word. An idle pool uses no CPU. A
 ///   worker beyond `width` (started to replace blocked ones) exits after
 ///   `idleExit` without work.
@@ -98,10 +98,17 @@ final class WorkerPool: @unchecked Sendable {
     /// (libdispatch on Linux: 5 s).
     static let idleExit: Duration = .seconds(2)
 
-    /// How long the last searching worker polls before parking. About one
-    /// wake-up of an idle vCPU on the machines measured (40–55 µs on the
-    /// 2-vCPU VM); see the README for what it buys and burns.
-    static let spinBeforePark: Duration = .microseconds(50)
+    /// How long the pool's spinner polls before parking: a few passes over
+    /// the rings, as Go's spinning threads make, not a wait for a whole
+    /// wake-up. Measured on the 2-vCPU VM (a hand-off through two serial
+    /// queues and a semaphore, per round trip): 50 µs (about one wake-up of
+    /// an idle vCPU there) made it bimodal, 2.7 or 20–34 µs, because the
+    /// spinner holds one vCPU while the thread it answers must be woken on
+    /// the other, halted one; 5 µs gave 10–17 µs, none 9.4–11.7 µs. 5 µs
+    /// keeps a worker for items that follow at once (serial `async` +
+    /// `sync`: 34–54 ns per item, against 45–124 ns without) and burns at
+    /// most 5 µs of one core each time the pool runs dry.
+    static let spinBeforePark: Duration = .microseconds(5)
 
     let band: Band
     let width: Int
