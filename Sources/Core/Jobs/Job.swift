@@ -246,7 +246,7 @@ open class Job: @unchecked Sendable, CustomStringConvertible {
         if dependentEdges > 0, let path = JobGraph.path(from: job, to: self) {
             JobGraph.lock.unlock()
             let cycle = ([self] + path).map(\.description).joined(separator: " -> ")
-            misuse("Job.addDependency(_:): making \(self) depend on \(job) closes the cycle \(cycle); such jobs would never run")
+            misuse("Job.addDependency(_:): making \(self) depend on \(job) closes the cycle \(cycle) (each depends on the next); such jobs would never run")
         }
         // Nested job locks (this job, then the dependency) happen only here,
         // under the graph lock, so no other thread nests them: no deadlock.
