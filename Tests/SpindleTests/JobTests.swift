@@ -30,10 +30,10 @@ private final class CountingJob: Job, @unchecked Sendable {
         super.init(name: "counting")
     }
     override func main() throws {
-        _ = started.signal()
         var done = false
         while !isCancelled && !done {
             iterations += 1
+            if iterations == 1 { _ = started.signal() }
             if iterations == limit { done = true }
             if iterations % 64 == 0 { _ = NativeThread.sleep(for: .microseconds(50)) }
         }
