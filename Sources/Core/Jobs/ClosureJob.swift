@@ -15,62 +15,66 @@
 /// after the job finished). Misuse: `addClosure(_:)` after the job started
 /// stops the process (Foundation's message is the same in spirit).
 public final class ClosureJob: Job, @unchecked Sendable {
-    // @unchecked: `closures` is guarded by `closureLock`; the rest as `Job`.
+    // @unchecked: `first` and `more` are guarded by the job's own lock
+    // (`mutex`), under which `start` also marks the job started; the rest as
+    // `Job`.
 
-    private let closureLock = GuardLock()
-    private var closures: [@Sendable () throws -> Void]
+    /// The first closure, kept apart so that a one-closure job (the common
+    /// case) allocates no array.
+    private var first: (@Sendable () throws -> Void)?
+    private var more: [@Sendable () throws -> Void] = []
 
     /// A job running `body` (more may be added with `addClosure(_:)`).
     public init(name: String? = nil, _ body: @escaping @Sendable () throws -> Void) {
-        closures = [body]
+        first = body
         super.init(name: name)
     }
 
     /// A job running each of `bodies` concurrently (none: it does nothing).
     public init(name: String? = nil, _ bodies: [@Sendable () throws -> Void]) {
-        closures = bodies
+        first = bodies.first
+        more = Array(bodies.dropFirst())
         super.init(name: name)
     }
 
     /// Adds a closure to run with the others. Never blocks. Stops the process
     /// if the job has started or finished.
     public func addClosure(_ body: @escaping @Sendable () throws -> Void) {
-        closureLock.lock()
+        mutex.lock()
         guard bits & Bit.started == 0 else {
-            closureLock.unlock()
+            mutex.unlock()
             misuse("ClosureJob.addClosure(_:): \(self) has already started; closures are added before it starts")
         }
-        closures.append(body)
-        closureLock.unlock()
+        if first == nil { first = body } else { more.append(body) }
+        mutex.unlock()
     }
 
-    /// The closures, in the order added. Takes a short lock.
+    /// How many closures the job runs. Takes the job's lock.
     public var closureCount: Int {
-        closureLock.lock()
-        defer { closureLock.unlock() }
-        return closures.count
+        mutex.lock()
+        defer { mutex.unlock() }
+        return (first == nil ? 0 : 1) + more.count
     }
 
     /// Runs the closures concurrently and returns when all have; rethrows
     /// the first error thrown. Blocks (a blocking region on a pool worker)
     /// while other workers run the rest.
     public override func main() throws {
-        closureLock.lock()
-        let all = closures
-        closureLock.unlock()
-        guard all.count > 1 else {
-            try all.first?()
-            return
-        }
+        mutex.lock()
+        let head = first
+        let rest = more
+        mutex.unlock()
+        guard let head else { return }
+        if rest.isEmpty { return try head() }
         let firstError = LockedValue<(any Error)?>(nil)
         let group = WorkGroup()
         let queue = WorkQueue.global(frozenWorkPriority)
-        for body in all.dropFirst() {
+        for body in rest {
             queue.async(group: group) {
                 do { try body() } catch { firstError.withLock { if $0 == nil { $0 = error } } }
             }
         }
-        do { try all[0]() } catch { firstError.withLock { if $0 == nil { $0 = error } } }
+        do { try head() } catch { firstError.withLock { if $0 == nil { $0 = error } } }
         group.wait()
         if let error = firstError.withLock({ $0 }) { throw error }
     }
