@@ -87,9 +87,12 @@ open class Job: @unchecked Sendable, CustomStringConvertible {
     /// on it, so no new dependency of it can close a cycle.
     var dependentEdges = 0
 
-    // Guarded by the lock of the queue the job is in.
+    // Guarded by the lock of the queue the job is in: its list of jobs,
+    // and its ready list (`ReadyJobs`).
     var queueNext: Job?
     var queuePrevious: Job?
+    var readyNext: Job?
+    var isListedReady = false
 
     /// A new job, ready (it has no dependencies yet), with an optional name
     /// for descriptions and misuse messages. Never blocks.
