@@ -140,6 +140,21 @@ struct JobQueueTests {
         #expect(log.all == [2, 1])
     }
 
+    @Test func removingADependencyStartsAQueuedJob() {
+        let queue = JobQueue(name: "remove-dependency")
+        let never = LoggingJob(0, OrderLog())
+        let log = OrderLog()
+        let job = LoggingJob(1, log)
+        job.addDependency(never)
+        queue.add(job)
+        _ = NativeThread.sleep(for: .milliseconds(5))
+        #expect(job.state == .pending && log.count == 0)
+        job.removeDependency(never)
+        job.waitUntilFinished()
+        #expect(log.all == [1])
+        #expect(job.dependencies.isEmpty)
+    }
+
     @Test func maxConcurrentJobCountBoundsRunningJobs() {
         let queue = JobQueue(name: "bounded")
         queue.maxConcurrentJobCount = 3

@@ -333,7 +333,8 @@ open class Job: @unchecked Sendable, CustomStringConvertible {
     /// without running its work; its completion handler and dependents still
     /// run. While it runs: only `isCancelled` turns true, for the work to
     /// check. After it finished, or a second time: nothing. Never blocks
-    /// beyond short internal locks; never waits for the work.
+    /// beyond short internal locks; never waits for the work. A subclass
+    /// that overrides it (to stop its own I/O, say) must call `super.cancel()`.
     open func cancel() {
         mutex.lock()
         let b = bits
@@ -500,7 +501,10 @@ open class Job: @unchecked Sendable, CustomStringConvertible {
     /// on the thread that made the change, or on another thread changing the
     /// same job at that moment (which then delivers both, in order). The
     /// callback must not block for long and must not wait for the job.
-    /// After `finished` the observer is dropped. Returns a number for
+    /// After `finished` the observer is dropped. When another thread is
+    /// delivering that job's events at the moment it finishes (a `cancel()`
+    /// racing with the end of the work), `waitUntilFinished()` may return
+    /// just before that thread hands `finished` to the observers. Returns a number for
     /// `removeObserver(_:)`. Takes the job's lock.
     @discardableResult
     public func observe(_ callback: @escaping @Sendable (Event) -> Void) -> Int {
