@@ -155,6 +155,18 @@ struct JobQueueTests {
         #expect(job.dependencies.isEmpty)
     }
 
+    @Test func waitsWithADeadlineTimeOutWhileJobsAreHeld() {
+        let queue = JobQueue(name: "deadline")
+        queue.isSuspended = true
+        let job = LoggingJob(1, OrderLog())
+        queue.add(job)
+        #expect(job.waitUntilFinished(timeout: .milliseconds(5)) == .timedOut)
+        #expect(queue.waitUntilAllJobsAreFinished(until: .now) == .timedOut)
+        queue.isSuspended = false
+        #expect(job.waitUntilFinished(timeout: .seconds(30)) == .completed)
+        #expect(queue.waitUntilAllJobsAreFinished(timeout: .seconds(30)) == .completed)
+    }
+
     @Test func maxConcurrentJobCountBoundsRunningJobs() {
         let queue = JobQueue(name: "bounded")
         queue.maxConcurrentJobCount = 3

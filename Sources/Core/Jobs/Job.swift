@@ -479,19 +479,32 @@ open class Job: @unchecked Sendable, CustomStringConvertible {
     /// worker meanwhile). Acquiring: sees everything the work wrote. Waiting
     /// for a job from inside its own work never returns.
     public func waitUntilFinished() {
-        if bits & Bit.done != 0 { return }
-        announcingBlocking {
+        _ = waitUntilFinished(until: .distantFuture)
+    }
+
+    /// As `waitUntilFinished()`, giving up at `deadline` (on the monotonic
+    /// clock): `.completed` if the job finished, `.timedOut` otherwise. A
+    /// deadline already past only checks.
+    public func waitUntilFinished(until deadline: MonotonicClock.Instant) -> WorkWaitResult {
+        if bits & Bit.done != 0 { return .completed }
+        return announcingBlocking {
             while true {
                 let b = AtomicMemory.load(from: stateWord, ordering: .acquiring)
-                if b & Bit.done != 0 { return }
+                if b & Bit.done != 0 { return .completed }
+                if !deadline.isDistantFuture && MonotonicClock.now >= deadline { return .timedOut }
                 if b & Bit.waiters == 0 {
                     let r = AtomicMemory.compareExchange(
                         expected: b, desired: b | Bit.waiters, at: stateWord, ordering: .relaxed)
                     if !r.exchanged { continue }
                 }
-                _ = Futex(stateWord).wait(expecting: b | Bit.waiters)
+                _ = Futex(stateWord).wait(expecting: b | Bit.waiters, until: deadline)
             }
         }
+    }
+
+    /// As `waitUntilFinished()`, giving up after `timeout`.
+    public func waitUntilFinished(timeout: Duration) -> WorkWaitResult {
+        waitUntilFinished(until: MonotonicClock.now.advanced(by: timeout))
     }
 
     // MARK: Observation

@@ -232,4 +232,16 @@ public final class JobQueue: @unchecked Sendable, CustomStringConvertible {
     public func waitUntilAllJobsAreFinished() {
         unfinished.wait()
     }
+
+    /// As `waitUntilAllJobsAreFinished()`, giving up at `deadline` (on the
+    /// monotonic clock): `.completed` if the queue emptied, `.timedOut`
+    /// otherwise.
+    public func waitUntilAllJobsAreFinished(until deadline: MonotonicClock.Instant) -> WorkWaitResult {
+        unfinished.wait(until: deadline)
+    }
+
+    /// As `waitUntilAllJobsAreFinished()`, giving up after `timeout`.
+    public func waitUntilAllJobsAreFinished(timeout: Duration) -> WorkWaitResult {
+        unfinished.wait(timeout: timeout)
+    }
 }
