@@ -78,6 +78,10 @@ open class Job: @unchecked Sendable, CustomStringConvertible {
     private var undelivered: [Event] = []
     private var delivering = false
     private var nameStorage: String?
+    /// What `done` still waits for once finished (see `complete`), and the
+    /// queue to tell then.
+    private var donePartsLeft = 0
+    private var doneQueue: JobQueue?
     private var queuePriorityStorage: QueuePriority = .normal
     private var threadPriorityStorage = 0.5
 
@@ -453,11 +457,17 @@ open class Job: @unchecked Sendable, CustomStringConvertible {
             if r.exchanged { break }
             b = r.original
         }
+        // With observers, `done` waits for two things: this path's end, and
+        // the delivery of `finished` (by this thread or by one delivering
+        // the job's events now), so waiters return after observers heard it.
+        let observed = !observers.isEmpty
         let notify = emitLocked(.finished)
+        donePartsLeft = observed ? 2 : 1
         let released = dependents
         dependents = []
         let queue = queueStorage
         queueStorage = nil
+        doneQueue = queue
         let handler = completion
         completion = nil
         mutex.unlock()
@@ -465,11 +475,24 @@ open class Job: @unchecked Sendable, CustomStringConvertible {
         for dependent in released { dependent.dependencyFinished() }
         queue?.jobFinished(self)
         handler?()
+        donePartArrived()
+        return true
+    }
+
+    /// One of the things `done` waits for has happened; the last one sets
+    /// `done`, wakes the waiters and tells the queue.
+    private func donePartArrived() {
+        mutex.lock()
+        donePartsLeft -= 1
+        let last = donePartsLeft == 0
+        let queue = last ? doneQueue : nil
+        if last { doneQueue = nil }
+        mutex.unlock()
+        guard last else { return }
         // Releasing: pairs with `waitUntilFinished`'s acquiring load.
         let before = AtomicMemory.orOriginal(Bit.done, into: stateWord, ordering: .acquiringAndReleasing)
         if before & Bit.waiters != 0 { _ = Futex(stateWord).wakeAll() }
         queue?.jobDone(self)
-        return true
     }
 
     // MARK: Waiting
@@ -514,10 +537,9 @@ open class Job: @unchecked Sendable, CustomStringConvertible {
     /// on the thread that made the change, or on another thread changing the
     /// same job at that moment (which then delivers both, in order). The
     /// callback must not block for long and must not wait for the job.
-    /// After `finished` the observer is dropped. When another thread is
-    /// delivering that job's events at the moment it finishes (a `cancel()`
-    /// racing with the end of the work), `waitUntilFinished()` may return
-    /// just before that thread hands `finished` to the observers. Returns a number for
+    /// After `finished` the observer is dropped. `waitUntilFinished()` (and
+    /// a queue's wait) return only after observers have been handed
+    /// `finished`. Returns a number for
     /// `removeObserver(_:)`. Takes the job's lock.
     @discardableResult
     public func observe(_ callback: @escaping @Sendable (Event) -> Void) -> Int {
@@ -584,7 +606,12 @@ open class Job: @unchecked Sendable, CustomStringConvertible {
                 for observer in targets { observer.callback(event) }
             }
             mutex.lock()
-            if batch.last == .finished { observers = [] }
+            if batch.last == .finished {
+                observers = []
+                mutex.unlock()
+                donePartArrived()
+                mutex.lock()
+            }
         }
         delivering = false
         mutex.unlock()
