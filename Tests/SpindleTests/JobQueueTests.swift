@@ -243,8 +243,10 @@ struct JobQueueTests {
     @Test func asynchronousJobHoldsItsSlotUntilItFinishes() {
         final class Later: Job, @unchecked Sendable {
             let release = Semaphore(value: 0)
+            let started = Semaphore(value: 0)
             override var isAsynchronous: Bool { true }
             override func main() throws {
+                _ = started.signal()
                 WorkQueue.global().async { [self] in
                     release.wait()
                     finish()
@@ -258,6 +260,7 @@ struct JobQueueTests {
         let next = LoggingJob(1, log)
         queue.add(job)
         queue.add(next)
+        job.started.wait()
         _ = NativeThread.sleep(for: .milliseconds(20))
         #expect(job.isExecuting)
         #expect(log.count == 0)

@@ -462,12 +462,14 @@ open class Job: @unchecked Sendable, CustomStringConvertible {
         // the job's events now), so waiters return after observers heard it.
         let observed = !observers.isEmpty
         let notify = emitLocked(.finished)
-        donePartsLeft = observed ? 2 : 1
+        if observed {
+            donePartsLeft = 2
+            doneQueue = queueStorage
+        }
         let released = dependents
         dependents = []
         let queue = queueStorage
         queueStorage = nil
-        doneQueue = queue
         let handler = completion
         completion = nil
         mutex.unlock()
@@ -475,12 +477,12 @@ open class Job: @unchecked Sendable, CustomStringConvertible {
         for dependent in released { dependent.dependencyFinished() }
         queue?.jobFinished(self)
         handler?()
-        donePartArrived()
+        if observed { donePartArrived() } else { markDone(queue) }
         return true
     }
 
-    /// One of the things `done` waits for has happened; the last one sets
-    /// `done`, wakes the waiters and tells the queue.
+    /// One of the two things `done` waits for in an observed job has
+    /// happened; the second one marks it done.
     private func donePartArrived() {
         mutex.lock()
         donePartsLeft -= 1
@@ -488,7 +490,11 @@ open class Job: @unchecked Sendable, CustomStringConvertible {
         let queue = last ? doneQueue : nil
         if last { doneQueue = nil }
         mutex.unlock()
-        guard last else { return }
+        if last { markDone(queue) }
+    }
+
+    /// Sets `done`, wakes the waiters and tells the queue.
+    private func markDone(_ queue: JobQueue?) {
         // Releasing: pairs with `waitUntilFinished`'s acquiring load.
         let before = AtomicMemory.orOriginal(Bit.done, into: stateWord, ordering: .acquiringAndReleasing)
         if before & Bit.waiters != 0 { _ = Futex(stateWord).wakeAll() }
