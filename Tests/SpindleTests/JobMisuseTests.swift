@@ -53,6 +53,7 @@ struct JobMisuseTests {
     @Test func startWhileExecuting() async {
         let r = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
             final class Slow: Job, @unchecked Sendable {
+                // @unchecked: as Job's; no state of its own.
                 override var isAsynchronous: Bool { true }
                 override func main() throws {}
             }
@@ -105,6 +106,7 @@ struct JobMisuseTests {
     @Test func finishTwice() async {
         let r = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
             final class Twice: Job, @unchecked Sendable {
+                // @unchecked: as Job's; no state of its own.
                 override var isAsynchronous: Bool { true }
                 override func main() throws { finish() }
             }

@@ -4,6 +4,7 @@ import TestSupport
 
 /// A job that appends its number to a log when it runs.
 private final class LoggingJob: Job, @unchecked Sendable {
+    // @unchecked: as Job's; its own fields are immutable (the log locks).
     let number: Int
     let log: OrderLog
     init(_ number: Int, _ log: OrderLog) {
@@ -16,6 +17,7 @@ private final class LoggingJob: Job, @unchecked Sendable {
 
 /// A job that runs until someone opens its gate, and says when it started.
 private final class GatedJob: Job, @unchecked Sendable {
+    // @unchecked: as Job's; its own fields are semaphores.
     let started = Semaphore(value: 0)
     let gate = Semaphore(value: 0)
     override func main() throws {
@@ -242,6 +244,7 @@ struct JobQueueTests {
 
     @Test func asynchronousJobHoldsItsSlotUntilItFinishes() {
         final class Later: Job, @unchecked Sendable {
+            // @unchecked: as Job's; its own fields are semaphores.
             let release = Semaphore(value: 0)
             let started = Semaphore(value: 0)
             override var isAsynchronous: Bool { true }

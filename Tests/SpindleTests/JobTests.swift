@@ -44,7 +44,8 @@ private final class CountingJob: Job, @unchecked Sendable {
 /// on a work queue and returns; the work reports completion itself.
 private final class FetchJob: Job, @unchecked Sendable {
     // @unchecked: `value` is written by the work before `finish` and read
-    // after the job finished; `release` is a semaphore.
+    // after the job finished; `mainReturned` is read only by the thread that
+    // called `start()`, after it returned; `release` is a semaphore.
     let release = Semaphore(value: 0)
     var value = 0
     var mainReturned = false
@@ -62,6 +63,7 @@ private final class FetchJob: Job, @unchecked Sendable {
 private struct Broken: Error, Equatable { let code: Int }
 
 private final class ThrowingJob: Job, @unchecked Sendable {
+    // @unchecked: as Job's; no state of its own.
     override func main() throws { throw Broken(code: 7) }
 }
 
@@ -164,6 +166,7 @@ struct JobTests {
 
     @Test func asynchronousJobFinishesWithAnError() {
         final class Failing: Job, @unchecked Sendable {
+            // @unchecked: as Job's; no state of its own.
             override var isAsynchronous: Bool { true }
             override func main() throws {
                 WorkQueue.global().async { self.finish(throwing: Broken(code: 9)) }
