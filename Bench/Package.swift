@@ -51,7 +51,7 @@ let package = Package(
 // by its text, so a manifest that lists the directory would not notice a new
 // folder. Adding a benchmark target is adding its folder and its name here.
 // Each one can use Spindle, BenchSupport, package-benchmark and the peers above.
-let benchmarkFolders = ["Atomics", "Conditions", "Locks", "Queues", "RunLoop", "Threads"]
+let benchmarkFolders = ["Atomics", "Conditions", "Jobs", "Locks", "Queues", "RunLoop", "Threads"]
 
 for name in benchmarkFolders {
     package.targets.append(

@@ -89,6 +89,11 @@ public struct RunSettings {
     /// (about 20 ns) is lost in the noise: `.kilo` for operations of a few
     /// nanoseconds, `.one` for ones of microseconds.
     public var scalingFactor: BenchmarkScalingFactor
+    /// Operations one measured iteration performs when that is not a power
+    /// of 1,000 (10^5 jobs, say): the body does this many whatever
+    /// `scaledIterations` says, and the "ops" tag and CPU time per operation
+    /// use it. nil: `scalingFactor`'s count.
+    public var operationsPerIteration: Int?
     /// Wall-clock time spent measuring one implementation, warm-up excluded.
     public var maxDuration: Duration
     /// Upper bound on measured iterations of one implementation.
@@ -119,9 +124,11 @@ public struct RunSettings {
         warmupIterations: Int = 50,
         extraMetrics: [BenchmarkMetric] = [],
         reportedMetrics: [ReportedMetric] = [],
-        bodyRecordsCPU: Bool = false
+        bodyRecordsCPU: Bool = false,
+        operationsPerIteration: Int? = nil
     ) {
         self.scalingFactor = scalingFactor
+        self.operationsPerIteration = operationsPerIteration
         self.maxDuration = maxDuration
         self.maxIterations = maxIterations
         self.warmupIterations = warmupIterations
@@ -139,7 +146,7 @@ public struct RunSettings {
         for metric in extraMetrics + reportedMetrics.map(\.metric) where !metrics.contains(metric) {
             metrics.append(metric)
         }
-        var tags = [operationsTag: String(scalingFactor.rawValue)]
+        var tags = [operationsTag: String(operationsPerIteration ?? scalingFactor.rawValue)]
         if !reportedMetrics.isEmpty {
             tags[columnsTag] = reportedMetrics.map(\.name).joined(separator: columnsSeparator)
         }
@@ -206,7 +213,7 @@ public func sideBySide(
         // A body that measures part of its iteration records its own.
         let body = !settings.bodyRecordsCPU
             && settings.reportedMetrics.contains { $0.name == ReportedMetric.cpuPerOperation.name }
-            ? measuringCPUPerOperation(implementation.body)
+            ? measuringCPUPerOperation(implementation.body, operationsPerIteration: settings.operationsPerIteration)
             : implementation.body
         Benchmark(fullName, configuration: settings.configuration, closure: body)
     }
@@ -220,7 +227,9 @@ public func sideBySide(
 /// hand-offs can take 0.2 ms) is missing from that iteration's reading.
 /// Over the whole run (hundreds of ticks) the error is a tick per thread at
 /// most, under 1% after half a second.
-func measuringCPUPerOperation(_ body: @escaping (Benchmark) -> Void) -> (Benchmark) -> Void {
+func measuringCPUPerOperation(
+    _ body: @escaping (Benchmark) -> Void, operationsPerIteration: Int? = nil
+) -> (Benchmark) -> Void {
     final class Totals {
         var start: Duration?
         var operations = 0
@@ -229,7 +238,7 @@ func measuringCPUPerOperation(_ body: @escaping (Benchmark) -> Void) -> (Benchma
     return { benchmark in
         if totals.start == nil { totals.start = ProcessCPUTime.now }
         body(benchmark)
-        totals.operations += benchmark.scaledIterations.count
+        totals.operations += operationsPerIteration ?? benchmark.scaledIterations.count
         let cpu = ProcessCPUTime.now - totals.start!
         if totals.operations > 0 { benchmark.recordCPUTimePerOperation(cpu, operations: totals.operations) }
     }
