@@ -91,4 +91,34 @@ struct TopologyTests {
         let stderr = String(decoding: result?.standardErrorContent ?? [], as: UTF8.self)
         #expect(stderr.contains("Topology.allocate(byteCount:onNode:): `byteCount` is 0"))
     }
+
+    @Test func cgroupCPUMaxIsReadAsWholeCPUsRoundedUp() {
+        #expect(Topology.cpuCount(fromCPUMax: "max 100000\n") == nil)
+        #expect(Topology.cpuCount(fromCPUMax: "150000 100000\n") == 2)
+        #expect(Topology.cpuCount(fromCPUMax: "50000 100000") == 1)
+        #expect(Topology.cpuCount(fromCPUMax: "400000 100000") == 4)
+        #expect(Topology.cpuCount(fromCPUMax: "garbage") == nil)
+    }
+
+    @Test func availableCPUCountIsWithinTheOnlineCPUs() {
+        #expect(Topology.availableCPUCount >= 1)
+        #expect(Topology.availableCPUCount <= Topology.onlineCPUs.count)
+    }
+
+    /// In a child process whose main thread may use one CPU only: the pool
+    /// is one worker wide, and still runs items that wait for later ones.
+    @Test(.enabled(if: Topology.onlineCPUs.count > 1, "one CPU: nothing to narrow"))
+    func availableCPUCountFollowsTheProcessAffinity() async {
+        await #expect(processExitsWith: .success) {
+            guard let first = Topology.onlineCPUs.first,
+                  (try? NativeThread.main.setAffinity([first])) != nil
+            else { exit(2) }
+            guard Topology.availableCPUCount == 1, WorkQueue.poolWidth == 1 else { exit(3) }
+            let gate = Semaphore(value: 0)
+            let group = WorkGroup()
+            WorkQueue.global().async(group: group) { gate.wait() }
+            WorkQueue.global().async(group: group) { _ = gate.signal() }
+            exit(group.wait(timeout: .seconds(30)) == .completed ? 0 : 4)
+        }
+    }
 }

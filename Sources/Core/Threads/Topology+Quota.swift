@@ -46,7 +46,7 @@ extension Topology {
     }
 
     /// "max 100000" is no quota; "150000 100000" is 1.5 CPUs, rounded up to 2.
-    static func cpuCount(fromCPUMax text: String) -> Int? {
+    package static func cpuCount(fromCPUMax text: String) -> Int? {
         let fields = text.split(whereSeparator: { $0 == " " || $0 == "\n" })
         guard fields.count >= 2, let quota = Int(fields[0]), let period = Int(fields[1]), period > 0, quota > 0
         else { return nil }
