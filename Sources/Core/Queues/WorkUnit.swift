@@ -20,6 +20,8 @@ enum WorkUnit {
     case item(WorkItem)
     /// "Run some of this queue's items": how a queue's items reach its target.
     case drain(WorkQueue)
+    /// A Swift concurrency job enqueued on the queue as an executor.
+    case job(UnownedJob, WorkQueue)
 
     /// Whether the unit must run alone on its queue.
     var isBarrier: Bool {
@@ -47,6 +49,8 @@ enum WorkUnit {
             item.execute()
         case .drain(let queue):
             queue.drain()
+        case .job(let job, let queue):
+            queue.runJob(job)
         }
     }
 
@@ -55,7 +59,9 @@ enum WorkUnit {
     /// work item is marked cancelled and finishes.
     func discard() {
         switch self {
-        case .closure, .drain: break
+        // A job's unit holds its queue, so a queue with jobs in its ring is
+        // never released: a suspended queue keeps its jobs until resumed.
+        case .closure, .drain, .job: break
         case .grouped(_, let group): group.leave()
         case .barrier(_, let group): group?.leave()
         case .item(let item): item.discardUnrun()

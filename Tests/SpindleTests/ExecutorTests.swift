@@ -1,0 +1,117 @@
+import Spindle
+import Testing
+import TestSupport
+
+/// An actor whose jobs run on a serial work queue.
+actor QueueBoundCounter {
+    let queue: WorkQueue
+    private(set) var count = 0
+    private(set) var offQueue = 0
+    nonisolated var unownedExecutor: UnownedSerialExecutor { queue.asUnownedSerialExecutor() }
+
+    init(queue: WorkQueue) { self.queue = queue }
+
+    func increment() {
+        if !queue.isCurrent { offQueue += 1 }
+        count += 1
+    }
+}
+
+/// An actor whose jobs run on a run loop's thread.
+actor LoopBoundCounter {
+    let loop: ThreadLoop
+    private(set) var count = 0
+    private(set) var offLoop = 0
+    nonisolated var unownedExecutor: UnownedSerialExecutor { loop.asUnownedSerialExecutor() }
+
+    init(loop: ThreadLoop) { self.loop = loop }
+
+    func increment() {
+        if !loop.isCurrent { offLoop += 1 }
+        count += 1
+    }
+}
+
+private func stderrText(_ r: ExitTest.Result?) -> String {
+    String(decoding: r?.standardErrorContent ?? [], as: UTF8.self)
+}
+
+/// `assumeIsolated` from a synchronous function (it is unavailable in
+/// asynchronous contexts).
+private func assumeOffQueue() {
+    let counter = QueueBoundCounter(queue: WorkQueue(label: "actor.elsewhere"))
+    counter.assumeIsolated { _ in }
+}
+
+@Suite("Executors")
+struct ExecutorTests {
+    @Test func actorOnASerialQueueRunsEveryJobOnTheQueue() async {
+        let counter = QueueBoundCounter(queue: WorkQueue(label: "actor.queue"))
+        await withTaskGroup(of: Void.self) { group in
+            for _ in 0..<8 {
+                group.addTask { for _ in 0..<1_000 { await counter.increment() } }
+            }
+        }
+        #expect(await counter.count == 8_000)
+        #expect(await counter.offQueue == 0)
+    }
+
+    @Test func assumeIsolatedWorksInsideTheQueuesItems() {
+        let queue = WorkQueue(label: "actor.assume")
+        let counter = QueueBoundCounter(queue: queue)
+        let seen = queue.sync {
+            counter.assumeIsolated { counter in
+                counter.increment()
+                return counter.count
+            }
+        }
+        #expect(seen == 1)
+    }
+
+    @Test func assumeIsolatedOffTheQueueStopsWithAMessage() async {
+        let r = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+            assumeOffQueue()
+        }
+        // The runtime asks `isIsolatingCurrentContext()` (false here) and
+        // stops with its own message.
+        #expect(stderrText(r).contains("Incorrect actor executor assumption"))
+    }
+
+    @Test func actorOnALoopThreadRunsEveryJobOnTheLoop() async throws {
+        let thread = try LoopThread.start()
+        let counter = LoopBoundCounter(loop: thread.loop)
+        await withTaskGroup(of: Void.self) { group in
+            for _ in 0..<4 {
+                group.addTask { for _ in 0..<500 { await counter.increment() } }
+            }
+        }
+        #expect(await counter.count == 2_000)
+        #expect(await counter.offLoop == 0)
+        thread.stop()
+        try thread.join()
+    }
+
+    @Test func taskExecutorPreferenceRunsOnThePool() async {
+        let onPool = await Task(executorPreference: WorkQueue.global()) {
+            WorkQueue.global().isCurrent
+        }.value
+        #expect(onPool)
+        let inGroup = await withTaskExecutorPreference(WorkQueue.global()) {
+            await withTaskGroup(of: Bool.self) { group in
+                for _ in 0..<100 { group.addTask { WorkQueue.global().isCurrent } }
+                var all = true
+                for await one in group { all = all && one }
+                return all
+            }
+        }
+        #expect(inGroup)
+    }
+
+    @Test func concurrentQueueCannotBeAnActorsExecutor() async {
+        let r = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+            _ = WorkQueue(label: "actor.concurrent", kind: .concurrent).asUnownedSerialExecutor()
+        }
+        #expect(stderrText(r).contains(
+            "'actor.concurrent' is concurrent; only a serial queue can be an actor's executor"))
+    }
+}
