@@ -114,4 +114,47 @@ struct ExecutorTests {
         #expect(stderrText(r).contains(
             "'actor.concurrent' is concurrent; only a serial queue can be an actor's executor"))
     }
+
+    @Test func awaitingAGroupSuspendsUntilItIsEmptyOrTimesOut() async {
+        let group = WorkGroup()
+        #expect(await group.wait(timeout: .zero) == .completed)
+        group.enter()
+        #expect(await group.wait(timeout: .milliseconds(5)) == .timedOut)
+        let sum = LockedValue(0)
+        for i in 1...100 { WorkQueue.global().async(group: group) { sum.withLock { $0 += i } } }
+        group.leave()
+        await group.wait()
+        #expect(sum.withLock { $0 } == 5_050)
+    }
+
+    @Test func awaitingAWorkItemAndAJob() async {
+        let queue = WorkQueue(label: "await.item")
+        let ran = LockedValue(false)
+        let item = WorkItem { ran.withLock { $0 = true } }
+        queue.async(item)
+        await item.wait()
+        #expect(ran.withLock { $0 })
+        let jobs = JobQueue(name: "await.jobs")
+        let job = jobs.add { ran.withLock { $0 = false } }
+        await job.waitUntilFinished()
+        #expect(job.isFinished && !ran.withLock { $0 })
+    }
+
+    @Test func awaitingAJoinReturnsTheBodysValueAndError() async throws {
+        struct Oops: Error {}
+        let thread = try NativeThread.start { 41 + 1 }
+        #expect(try await thread.join() == 42)
+        let failing = try NativeThread.start { () throws -> Int in throw Oops() }
+        await #expect(throws: Oops.self) { try await failing.join() }
+    }
+
+    @Test func performReturningRunsOnTheLoopAndReturnsItsValue() async throws {
+        let thread = try LoopThread.start()
+        let loop = thread.loop
+        #expect(try await loop.performReturning { loop.isCurrent ? 7 : 0 } == 7)
+        struct Oops: Error {}
+        await #expect(throws: Oops.self) { try await loop.performReturning { () throws -> Int in throw Oops() } }
+        thread.stop()
+        try await thread.thread.join()
+    }
 }

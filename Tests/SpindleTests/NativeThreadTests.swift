@@ -273,7 +273,7 @@ struct NativeThreadTests {
                 NativeThread.current.threadDictionary["key"] = "value"
                 return array.reduce(0, +)
             }
-            guard (try? thread.join()) == 1_006 else { exit(1) }
+            guard (try? await thread.join()) == 1_006 else { exit(1) }
             exit(0)
         }
     }
@@ -402,7 +402,7 @@ struct NativeThreadTests {
             for priority in [NativeThread.Priority.fifo(10), .roundRobin(10), .relative(1.0)] {
                 do throws(NativeThreadError) {
                     let thread = try NativeThread.start(NativeThread.Attributes(priority: priority)) {}
-                    try? thread.join()
+                    _ = try? await thread.join()
                     exit(3)
                 } catch {
                     guard case .permissionDenied = error else { exit(4) }
@@ -602,8 +602,8 @@ struct NativeThreadMisuseTests {
     @Test func joiningTwice() async {
         let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
             let thread = try! NativeThread.start {}
-            try! thread.join()
-            try! thread.join()
+            try! await thread.join()
+            try! await thread.join()
         }
         #expect(Self.stderr(result).contains("was already joined"))
     }
@@ -612,7 +612,7 @@ struct NativeThreadMisuseTests {
         let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
             let thread = SpawnedThread(NativeThread.Attributes(isDetached: true)) {}
             try! thread.start()
-            try? thread.join()
+            _ = try? await thread.join()
         }
         #expect(Self.stderr(result).contains("is detached; a detached thread cannot be joined"))
     }
@@ -620,7 +620,7 @@ struct NativeThreadMisuseTests {
     @Test func joiningAThreadNeverStarted() async {
         let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
             let thread = SpawnedThread {}
-            try? thread.join()
+            _ = try? await thread.join()
         }
         #expect(Self.stderr(result).contains("was never started; call start() first"))
     }

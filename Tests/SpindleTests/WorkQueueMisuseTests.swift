@@ -157,7 +157,7 @@ struct WorkQueueMisuseTests {
             let item = WorkItem {}
             let queue = WorkQueue(label: "misuse.item")
             queue.async(item)
-            item.wait()
+            await item.wait()
             queue.async(item)
             Latch().wait(seconds: 30)
         }

@@ -67,7 +67,7 @@ struct WorkerPoolTests {
             let semaphores = (0..<(WorkQueue.poolWidth + 4)).map { _ in Semaphore(value: 0) }
             for s in semaphores { WorkQueue.global().async(group: group) { s.wait() } }
             for s in semaphores { WorkQueue.global().async(group: group) { _ = s.signal() } }
-            group.wait()
+            await group.wait()
             NativeThread.sleep(for: .seconds(3))
             var usage = rusage()
             getrusage(__rusage_who_t(RUSAGE_SELF.rawValue), &usage)

@@ -507,6 +507,7 @@ open class Job: @unchecked Sendable, CustomStringConvertible {
     /// run. A blocking region on a pool worker (the pool may start another
     /// worker meanwhile). Acquiring: sees everything the work wrote. Waiting
     /// for a job from inside its own work never returns.
+    @available(*, noasync, message: "blocks the thread; in async code use `await waitUntilFinished()`")
     public func waitUntilFinished() {
         _ = waitUntilFinished(until: .distantFuture)
     }
@@ -514,6 +515,7 @@ open class Job: @unchecked Sendable, CustomStringConvertible {
     /// As `waitUntilFinished()`, giving up at `deadline` (on the monotonic
     /// clock): `.completed` if the job finished, `.timedOut` otherwise. A
     /// deadline already past only checks.
+    @available(*, noasync, message: "blocks the thread; in async code use `await waitUntilFinished()`")
     public func waitUntilFinished(until deadline: MonotonicClock.Instant) -> WorkWaitResult {
         if bits & Bit.done != 0 { return .completed }
         return announcingBlocking {
@@ -532,6 +534,7 @@ open class Job: @unchecked Sendable, CustomStringConvertible {
     }
 
     /// As `waitUntilFinished()`, giving up after `timeout`.
+    @available(*, noasync, message: "blocks the thread; in async code use `await waitUntilFinished()`")
     public func waitUntilFinished(timeout: Duration) -> WorkWaitResult {
         waitUntilFinished(until: MonotonicClock.now.advanced(by: timeout))
     }

@@ -20,9 +20,11 @@ public final class WorkGroup: @unchecked Sendable {
     // @unchecked: the word is atomic; `notifications` synchronizes itself.
 
     private static let waitersBit: UInt32 = 1 << 31
-    private static let countMask: UInt32 = ~waitersBit
+    static let countMask: UInt32 = ~waitersBit
 
     private let word: UnsafeMutablePointer<UInt32>
+    /// The count word, for the async wait.
+    var countWord: UnsafeMutablePointer<UInt32> { word }
     private let notifications = PendingNotifications()
 
     /// An empty group.
@@ -63,12 +65,14 @@ public final class WorkGroup: @unchecked Sendable {
 
     /// Blocks until the group is empty. A blocking region on a pool worker.
     /// Acquiring: sees everything the members wrote.
+    @available(*, noasync, message: "blocks the thread; in async code use `await wait()`")
     public func wait() {
         _ = wait(until: .distantFuture)
     }
 
     /// Blocks until the group is empty or `deadline` passes; a deadline
     /// already past only checks.
+    @available(*, noasync, message: "blocks the thread; in async code use `await wait()`")
     public func wait(until deadline: MonotonicClock.Instant) -> WorkWaitResult {
         CompletionWaiters(word: word, waitersBit: Self.waitersBit).wait(until: deadline) {
             $0 & Self.countMask == 0
@@ -76,6 +80,7 @@ public final class WorkGroup: @unchecked Sendable {
     }
 
     /// Blocks until the group is empty or `timeout` has passed.
+    @available(*, noasync, message: "blocks the thread; in async code use `await wait()`")
     public func wait(timeout: Duration) -> WorkWaitResult {
         wait(until: MonotonicClock.now.advanced(by: timeout))
     }

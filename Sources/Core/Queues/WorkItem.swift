@@ -89,11 +89,13 @@ public final class WorkItem: @unchecked Sendable {
     }
 
     /// Blocks until the item has finished. A blocking region on a pool worker.
+    @available(*, noasync, message: "blocks the thread; in async code use `await wait()`")
     public func wait() {
         _ = wait(until: .distantFuture)
     }
 
     /// Blocks until the item has finished or `deadline` passes.
+    @available(*, noasync, message: "blocks the thread; in async code use `await wait()`")
     public func wait(until deadline: MonotonicClock.Instant) -> WorkWaitResult {
         CompletionWaiters(word: state, waitersBit: State.waiters).wait(until: deadline) {
             $0 & State.finished != 0
@@ -101,6 +103,7 @@ public final class WorkItem: @unchecked Sendable {
     }
 
     /// Blocks until the item has finished or `timeout` has passed.
+    @available(*, noasync, message: "blocks the thread; in async code use `await wait()`")
     public func wait(timeout: Duration) -> WorkWaitResult {
         wait(until: MonotonicClock.now.advanced(by: timeout))
     }

@@ -331,6 +331,7 @@ public final class SpawnedThread<Value: Sendable>: NativeThread, @unchecked Send
     /// Stops the process when the thread was never started, is detached, has
     /// already been joined (or is being joined by another thread), or is the
     /// caller itself.
+    @available(*, noasync, message: "blocks the thread; in async code use `try await join()`")
     public func join() throws -> Value {
         let thread = beginJoin("join()")
         let rc = announcingBlocking { pthread_join(thread, nil) }
@@ -349,6 +350,7 @@ public final class SpawnedThread<Value: Sendable>: NativeThread, @unchecked Send
     ///
     /// Same misuse rules as `join()`; in particular, two threads may not wait
     /// to join the same thread at once.
+    @available(*, noasync, message: "blocks the thread; in async code use `try await join()`")
     public func join(until deadline: MonotonicClock.Instant) throws -> Value? {
         if deadline.isDistantFuture { return try join() }
         let thread = beginJoin("join(until:)")
