@@ -1,0 +1,80 @@
+import Spindle
+import Testing
+import TestSupport
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Whether the ThreadSanitizer runtime is loaded (it exports `__tsan_init`).
+private let underThreadSanitizer: Bool = dlsym(nil, "__tsan_init") != nil
+
+/// An actor on a Spindle executor that counts the hops it receives and
+/// passes each one on to the next actor of a ring.
+actor HopStation {
+    let executor: any SerialExecutor
+    nonisolated var unownedExecutor: UnownedSerialExecutor { executor.asUnownedSerialExecutor() }
+    private(set) var received = 0
+    private(set) var wrongPlace = 0
+    private let isHome: @Sendable () -> Bool
+
+    init(executor: any SerialExecutor, isHome: @escaping @Sendable () -> Bool) {
+        self.executor = executor
+        self.isHome = isHome
+    }
+
+    func hop(_ left: Int, through ring: [HopStation], at index: Int) async {
+        received += 1
+        if !isHome() { wrongPlace += 1 }
+        guard left > 0 else { return }
+        let next = ring[(index + 1) % ring.count]
+        await next.hop(left - 1, through: ring, at: (index + 1) % ring.count)
+    }
+}
+
+@Suite("Executor stress")
+struct ExecutorStressTests {
+    /// Hops between actors on two serial queues and two run-loop threads,
+    /// from several tasks at once: every hop arrives exactly once, each on
+    /// its actor's own queue or loop. 10^6 hops; 10^5 under ThreadSanitizer,
+    /// which runs each hop ~10× slower.
+    @Test func hopsBetweenActorsOnLoopsAndQueuesArriveExactlyOnce() async throws {
+        let loops = try (0..<2).map { _ in try LoopThread.start() }
+        let queues = (0..<2).map { WorkQueue(label: "hop.queue\($0)") }
+        var ring: [HopStation] = []
+        for i in 0..<2 {
+            let queue = queues[i]
+            ring.append(HopStation(executor: queue) { queue.isCurrent })
+            let loop = loops[i].loop
+            ring.append(HopStation(executor: loop) { loop.isCurrent })
+        }
+        let stations = ring
+        let tasks = 8
+        let total = underThreadSanitizer ? 100_000 : 1_000_000
+        let hopsPerTask = total / tasks
+        await withTaskGroup(of: Void.self) { group in
+            for t in 0..<tasks {
+                group.addTask {
+                    // Each call is one chain of up to 1,000 hops (deeper
+                    // chains would nest too many suspended frames).
+                    var left = hopsPerTask
+                    while left > 0 {
+                        let chain = min(left, 1_000)
+                        await stations[t % stations.count].hop(chain - 1, through: stations, at: t % stations.count)
+                        left -= chain
+                    }
+                }
+            }
+        }
+        var received = 0
+        for station in stations {
+            received += await station.received
+            #expect(await station.wrongPlace == 0)
+        }
+        #expect(received == tasks * hopsPerTask)
+        for thread in loops {
+            thread.stop()
+            try await thread.thread.join()
+        }
+    }
+}
