@@ -157,4 +157,70 @@ struct ExecutorTests {
         thread.stop()
         try await thread.thread.join()
     }
+
+    @Test func awaitedSemaphoreHandsOffBetweenTasks() async {
+        let ping = Semaphore(value: 0)
+        let pong = Semaphore(value: 0)
+        let rounds = 2_000
+        let echo = Task {
+            for _ in 0..<rounds {
+                await ping.wait()
+                pong.signal()
+            }
+        }
+        for _ in 0..<rounds {
+            ping.signal()
+            await pong.wait()
+        }
+        await echo.value
+        #expect(ping.value == 0 && pong.value == 0)
+    }
+
+    @Test func awaitedSemaphoreBoundsHowManyTasksRunAtOnce() async {
+        let permits = Semaphore(value: 3)
+        let occupancy = Occupancy()
+        await withTaskGroup(of: Void.self) { group in
+            for _ in 0..<200 {
+                group.addTask {
+                    await permits.wait()
+                    _ = occupancy.enter()
+                    await Task.yield()
+                    occupancy.leave()
+                    permits.signal()
+                }
+            }
+        }
+        #expect(occupancy.peak <= 3)
+        #expect(permits.value == 3)
+    }
+
+    @Test func awaitingAndBlockingWaitersShareOneSemaphore() async {
+        let semaphore = Semaphore(value: 0)
+        let served = LockedValue(0)
+        let threads = (0..<2).map { _ in
+            startThread {
+                for _ in 0..<500 {
+                    semaphore.wait()
+                    served.withLock { $0 += 1 }
+                }
+            }
+        }
+        let tasks = Task {
+            await withTaskGroup(of: Void.self) { group in
+                for _ in 0..<2 {
+                    group.addTask {
+                        for _ in 0..<500 {
+                            await semaphore.wait()
+                            served.withLock { $0 += 1 }
+                        }
+                    }
+                }
+            }
+        }
+        for _ in 0..<2_000 { semaphore.signal() }
+        await tasks.value
+        for join in threads { join() }
+        #expect(served.withLock { $0 } == 2_000)
+        #expect(semaphore.value == 0)
+    }
 }

@@ -77,4 +77,41 @@ struct ExecutorStressTests {
             try await thread.thread.join()
         }
     }
+
+    /// Tasks suspended in `await wait()` and threads blocked in `wait()` on
+    /// one semaphore, signalled from two threads: every signal is taken by
+    /// exactly one waiter, none is lost, and the count ends at zero.
+    @Test func awaitingAndBlockingWaitersTakeEverySignalOnce() async {
+        let semaphore = Semaphore(value: 0)
+        let perWaiter = underThreadSanitizer ? 5_000 : 50_000
+        let served = LockedValue(0)
+        let blockers = (0..<2).map { _ in
+            startThread {
+                for _ in 0..<perWaiter {
+                    semaphore.wait()
+                    served.withLock { $0 += 1 }
+                }
+            }
+        }
+        let tasks = Task {
+            await withTaskGroup(of: Void.self) { group in
+                for _ in 0..<4 {
+                    group.addTask {
+                        for _ in 0..<perWaiter {
+                            await semaphore.wait()
+                            served.withLock { $0 += 1 }
+                        }
+                    }
+                }
+            }
+        }
+        let signallers = (0..<2).map { _ in
+            startThread { for _ in 0..<(3 * perWaiter) { semaphore.signal() } }
+        }
+        for join in signallers { join() }
+        await tasks.value
+        for join in blockers { join() }
+        #expect(served.withLock { $0 } == 6 * perWaiter)
+        #expect(semaphore.value == 0)
+    }
 }

@@ -57,12 +57,20 @@ public struct Semaphore: @unchecked Sendable {
         @usableFromInline var sleepers: UInt32
         /// The waiters' spin limit (`AdaptiveSpin`).
         @usableFromInline var spin: UInt32
+        /// Tasks suspended in `await wait()` (their continuations are in
+        /// `Storage.suspended`); `signal()` hands them tokens when non-zero.
+        @usableFromInline var suspendedCount: UInt32
+        /// The plain mutex word guarding `Storage.suspended`.
+        @usableFromInline var suspendedGuard: UInt32
     }
 
     /// Owns the words (`Words`), in a heap block that never moves.
     @usableFromInline
     final class Storage {
         @usableFromInline let base: UnsafeMutableRawPointer
+        /// Tasks suspended in `await wait()`, oldest first. Guarded by the
+        /// `suspendedGuard` word.
+        var suspended: [UnsafeContinuation<Void, Never>] = []
         init(value: Int) {
             base = allocateStableWords(byteCount: MemoryLayout<Words>.size)
             (base + MemoryLayout<Words>.offset(of: \.count)!).storeBytes(of: value, as: Int.self)
@@ -127,6 +135,7 @@ public struct Semaphore: @unchecked Sendable {
     /// Takes a resource, sleeping until one is available. Blocks. Acquire
     /// ordering (pairs with the `signal()` that provided the resource).
     @inlinable
+    @available(*, noasync, message: "blocks the thread; in async code use `await wait()`")
     public func wait() {
         // Acquiring: pairs with the releasing add in `signal`.
         if AtomicMemory.decrement(count, ordering: .acquiring) >= 0 { return }
@@ -251,8 +260,51 @@ public struct Semaphore: @unchecked Sendable {
             misuse("\(LockNames.label("Semaphore", storage.base)).signal(): the count overflowed (it was Int.max); more signals than any program can wait for")
         }
         AtomicMemory.increment(tokens, ordering: .sequentiallyConsistent)
+        // The other half of the Dekker pair in `wait() async`: a task that
+        // counted itself suspended before this token was added is seen here.
+        if AtomicMemory.load(from: word(\.suspendedCount), ordering: .sequentiallyConsistent) != 0 {
+            resumeSuspended()
+        }
         if AtomicMemory.load(from: sleepers, ordering: .sequentiallyConsistent) != 0 {
             Futex(tokens).wake(1)
+        }
+    }
+
+    /// Hands available tokens to suspended tasks, oldest first.
+    @usableFromInline
+    func resumeSuspended() {
+        let guardWord = PlainFutexMutex(word: word(\.suspendedGuard))
+        var ready: [UnsafeContinuation<Void, Never>] = []
+        guardWord.lock()
+        while !storage.suspended.isEmpty && takeToken() {
+            ready.append(storage.suspended.removeFirst())
+            AtomicMemory.add(UInt32.max, to: word(\.suspendedCount), ordering: .sequentiallyConsistent)
+        }
+        guardWord.unlock()
+        for continuation in ready { continuation.resume() }
+    }
+
+    /// Takes a resource, suspending the calling task (not blocking its
+    /// thread) until one is available. A resource available now is taken
+    /// with one atomic add, as in `wait()`; otherwise the task waits in line
+    /// with the blocking waiters and a `signal()` resumes it. Acquire
+    /// ordering, as `wait()`.
+    public func wait() async {
+        // Acquiring: pairs with the releasing increment in `signal`.
+        if AtomicMemory.decrement(count, ordering: .acquiring) >= 0 { return }
+        // Counted as a waiter: a signal will add a token for us.
+        await withUnsafeContinuation { (continuation: UnsafeContinuation<Void, Never>) in
+            let guardWord = PlainFutexMutex(word: word(\.suspendedGuard))
+            guardWord.lock()
+            AtomicMemory.add(1, to: word(\.suspendedCount), ordering: .sequentiallyConsistent)
+            if takeToken() {
+                AtomicMemory.add(UInt32.max, to: word(\.suspendedCount), ordering: .sequentiallyConsistent)
+                guardWord.unlock()
+                continuation.resume()
+                return
+            }
+            storage.suspended.append(continuation)
+            guardWord.unlock()
         }
     }
 }
