@@ -4,18 +4,16 @@
 /// The isolation checks say whether the calling code runs on that thread, so
 /// `assumeIsolated` works there and stops the process elsewhere.
 ///
-/// Each job costs one perform entry (a closure: one allocation beyond the
-/// job). A job enqueued after the loop's thread has exited can never run;
-/// enqueuing it stops the process with a message rather than leaving its
-/// task suspended forever.
+/// Jobs are kept by value in an array the loop swaps out per pass: no
+/// allocation beyond Swift's once it has grown. Jobs still queued when the
+/// loop's thread exits run on it then. A job enqueued after the thread has
+/// exited can never run; enqueuing it stops the process with a message
+/// rather than leaving its task suspended forever.
 extension ThreadLoop: SerialExecutor {
     /// Queues `job` to run on the loop's thread; wakes the loop if it sleeps.
     /// Never blocks.
     public func enqueue(_ job: consuming ExecutorJob) {
-        let job = UnownedJob(job)
-        let executor = asUnownedSerialExecutor()
-        let accepted = perform { job.runSynchronously(on: executor) }
-        if !accepted {
+        if !enqueueJob(UnownedJob(job)) {
             misuse("ThreadLoop.enqueue(_:): \(self)'s thread has exited; a job sent to it would never run")
         }
     }

@@ -65,6 +65,13 @@ public final class ThreadLoop: @unchecked Sendable {
     /// The modes and their items. Guarded by `lock`.
     private var table: LoopModeTable
     private var performs: [PendingPerform] = []
+    /// Swift concurrency jobs of actors bound to this loop (its
+    /// `SerialExecutor` conformance), run in the common modes in order.
+    /// Guarded by `lock`.
+    private var jobs: [UnownedJob] = []
+    /// The batch being run; swapped with `jobs` under the lock, so neither
+    /// array reallocates once grown. Owner thread only.
+    private var jobBatch: [UnownedJob] = []
     /// Descriptor sources by their registration in `registry`, with the
     /// readiness reported and not yet handled (held while the loop runs in
     /// a mode that does not hold the source). Guarded by `lock`.
@@ -466,8 +473,36 @@ public final class ThreadLoop: @unchecked Sendable {
                 if !items.sources.isEmpty { return false }
                 if items.timers.contains(where: { $0.isValid }) { return false }
             }
+            if !jobs.isEmpty && (mode == .common || table.commonModes.contains(mode)) { return false }
             return !performs.contains { $0.matches(mode, table.commonModes) }
         }
+    }
+
+    /// Queues an actor's job for the loop's common modes and wakes the loop.
+    /// False if the loop's thread has exited. Any thread.
+    func enqueueJob(_ job: UnownedJob) -> Bool {
+        let accepted: Bool = lock.withLock {
+            guard !threadHasExited else { return false }
+            jobs.append(job)
+            return true
+        }
+        if accepted { wakeUp() }
+        return accepted
+    }
+
+    /// Runs the jobs queued so far, in order, if `mode` is a common mode;
+    /// returns whether it ran any. Owner thread.
+    private func runJobs(_ mode: LoopMode) -> Bool {
+        let any: Bool = lock.withLock {
+            guard !jobs.isEmpty, mode == .common || table.commonModes.contains(mode) else { return false }
+            swap(&jobs, &jobBatch)
+            return true
+        }
+        guard any else { return false }
+        let executor = UnownedSerialExecutor(ordinary: self)
+        for job in jobBatch { job.runSynchronously(on: executor) }
+        jobBatch.removeAll(keepingCapacity: true)
+        return true
     }
 
     private func notify(_ activity: LoopActivity, _ mode: LoopMode) {
@@ -481,6 +516,7 @@ public final class ThreadLoop: @unchecked Sendable {
     /// Runs the performs queued for `mode`; returns whether it ran any.
     @discardableResult
     private func runPerforms(_ mode: LoopMode) -> Bool {
+        let ranJobs = runJobs(mode)
         let batch: [PendingPerform] = lock.withLock {
             guard !performs.isEmpty else { return [] }
             var taken: [PendingPerform] = []
@@ -495,7 +531,7 @@ public final class ThreadLoop: @unchecked Sendable {
             p.block()
             p.completion?.finish(ran: true)
         }
-        return !batch.isEmpty
+        return ranJobs || !batch.isEmpty
     }
 
     private func fireSignaledSources(_ mode: LoopMode, stopAfterOne: Bool) -> Bool {
@@ -680,6 +716,19 @@ public final class ThreadLoop: @unchecked Sendable {
     /// while something still holds the loop. From here on `add` ignores
     /// sources and observers and invalidates timers.
     func ownerThreadExited() {
+        // Actor jobs still queued run now, on the owner: a dropped job would
+        // leave its task suspended for good. Jobs they enqueue run too.
+        // The last check and `threadHasExited` go under one hold of the lock,
+        // so no job slips in between and is dropped.
+        while true {
+            _ = runJobs(.common)
+            let drained: Bool = lock.withLock {
+                guard jobs.isEmpty else { return false }
+                threadHasExited = true
+                return true
+            }
+            if drained { break }
+        }
         let (dropped, removed, timers): ([PendingPerform], [(LoopSource, ChangedModes)], [LoopTimer]) =
             lock.withLock {
                 threadHasExited = true
