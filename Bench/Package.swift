@@ -19,7 +19,8 @@ let package = Package(
             from: "1.38.1",
             traits: ["MallocInterposer"]
         ),
-        // Peers: NIOLock, measured beside Spindle's locks.
+        // Peers: NIOLock, measured beside Spindle's locks; NIOPosix's event
+        // loop as an actor's executor, beside Spindle's (Concurrency only).
         .package(url: "https://github.com/apple/swift-nio", from: "2.101.2"),
     ],
     targets: [
@@ -51,7 +52,17 @@ let package = Package(
 // by its text, so a manifest that lists the directory would not notice a new
 // folder. Adding a benchmark target is adding its folder and its name here.
 // Each one can use Spindle, BenchSupport, package-benchmark and the peers above.
-let benchmarkFolders = ["Atomics", "Conditions", "Jobs", "Locks", "Queues", "RunLoop", "Threads"]
+let benchmarkFolders = [
+    "Atomics", "Concurrency", "Conditions", "Jobs", "Locks", "Queues", "RunLoop", "Threads",
+]
+
+// Peers that only some targets measure against, by folder.
+let extraPeers: [String: [Target.Dependency]] = [
+    "Concurrency": [
+        .product(name: "NIOCore", package: "swift-nio"),
+        .product(name: "NIOPosix", package: "swift-nio"),
+    ],
+]
 
 for name in benchmarkFolders {
     package.targets.append(
@@ -62,7 +73,7 @@ for name in benchmarkFolders {
                 .product(name: "Benchmark", package: "package-benchmark"),
                 .product(name: "Spindle", package: "Spindle"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
-            ],
+            ] + extraPeers[name, default: []],
             path: "Benchmarks/\(name)",
             plugins: [
                 .plugin(name: "BenchmarkPlugin", package: "package-benchmark"),
