@@ -349,6 +349,25 @@ let benchmarks: @Sendable () -> Void = {
                         }
                     }
                 },
+                .peer("Spindle.Semaphore") { benchmark in
+                    // `await wait()` suspends the task; `signal()` resumes it.
+                    let roundTrips = benchmark.scaledIterations.count / 2
+                    runTask("\(group)/Spindle.Semaphore") {
+                        let toPartner = Spindle.Semaphore(value: 0)
+                        let toDriver = Spindle.Semaphore(value: 0)
+                        let partner = Task {
+                            for _ in 0..<roundTrips {
+                                await toPartner.wait()
+                                toDriver.signal()
+                            }
+                        }
+                        for _ in 0..<roundTrips {
+                            toPartner.signal()
+                            await toDriver.wait()
+                        }
+                        await partner.value
+                    }
+                },
                 .peer("withCheckedContinuation") { benchmark in
                     let roundTrips = benchmark.scaledIterations.count / 2
                     runTask("\(group)/withCheckedContinuation") {
