@@ -19,18 +19,6 @@ private final class SharedCounters: @unchecked Sendable {
     }
 }
 
-/// A small deterministic generator so every run of a seed does the same mix.
-private struct SplitMix: RandomNumberGenerator {
-    var state: UInt64
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
-
 @Suite("AtomicMemory stress")
 struct AtomicStressTests {
     /// Threads × 10^6 mixed operations each on shared words; afterwards every

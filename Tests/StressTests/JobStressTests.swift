@@ -2,37 +2,6 @@ import Spindle
 import Testing
 import TestSupport
 
-/// A small deterministic generator (xorshift), one per thread, so a failing
-/// shape can be replayed.
-private struct XorShift {
-    var state: UInt64
-    init(seed: Int) { state = UInt64(truncatingIfNeeded: seed) &* 0x9E37_79B9_7F4A_7C15 | 1 }
-    mutating func next(_ bound: Int) -> Int {
-        state ^= state << 13
-        state ^= state >> 7
-        state ^= state << 17
-        return Int(state % UInt64(bound))
-    }
-}
-
-/// Counts that any thread may bump.
-private final class Tally: @unchecked Sendable {
-    // @unchecked: the words are only accessed through AtomicMemory.
-    let words: UnsafeMutablePointer<Int>
-    let count: Int
-    init(_ count: Int) {
-        self.count = count
-        words = .allocate(capacity: count)
-        words.initialize(repeating: 0, count: count)
-    }
-    deinit { words.deallocate() }
-    @discardableResult
-    func add(_ index: Int, _ amount: Int = 1) -> Int {
-        AtomicMemory.add(amount, to: words + index, ordering: .sequentiallyConsistent)
-    }
-    subscript(index: Int) -> Int { AtomicMemory.load(from: words + index, ordering: .sequentiallyConsistent) }
-}
-
 /// A job that checks, when its work runs, that it runs for the first time
 /// and that every dependency has finished; some are asynchronous and finish
 /// from another worker. Its events go to a log of its own.
@@ -40,13 +9,13 @@ private final class CheckedJob: Job, @unchecked Sendable {
     // @unchecked: `checkedDependencies` is written before the job is queued
     // and only read by its work after; the rest is immutable or locked.
     let index: Int
-    let runs: Tally
-    let late: Tally
+    let runs: AtomicCounters
+    let late: AtomicCounters
     let asynchronous: Bool
     var checkedDependencies: [Job] = []
     let seen = LockedValue<[Job.Event]>([])
 
-    init(index: Int, runs: Tally, late: Tally, asynchronous: Bool) {
+    init(index: Int, runs: AtomicCounters, late: AtomicCounters, asynchronous: Bool) {
         self.index = index
         self.runs = runs
         self.late = late
@@ -107,8 +76,8 @@ struct JobStressTests {
     @Test(arguments: [1, 2])
     func randomGraphsOverThreeQueues(seed: Int) {
         let count = 10_000
-        let runs = Tally(count)
-        let late = Tally(1)
+        let runs = AtomicCounters(count)
+        let late = AtomicCounters(1)
         var random = XorShift(seed: seed)
         let queues = (0..<3).map { JobQueue(name: "stress \($0)") }
         for queue in queues { queue.maxConcurrentJobCount = 1 + random.next(4) }

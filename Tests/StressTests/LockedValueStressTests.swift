@@ -10,19 +10,6 @@ private struct Pair {
     var scratch = [Int](repeating: 0, count: 16)
 }
 
-/// A small deterministic generator (xorshift), one per thread, so a failing
-/// shape can be replayed.
-private struct XorShift {
-    var state: UInt64
-    init(seed: Int) { state = UInt64(truncatingIfNeeded: seed) &* 0x9E37_79B9_7F4A_7C15 | 1 }
-    mutating func next(_ bound: Int) -> Int {
-        state ^= state << 13
-        state ^= state >> 7
-        state ^= state << 17
-        return Int(state % UInt64(bound))
-    }
-}
-
 @Suite("LockedValue stress")
 struct LockedValueStressTests {
     /// Threads mix every entry point (`withLock`, `withLockIfAvailable`, the

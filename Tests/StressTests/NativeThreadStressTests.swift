@@ -2,23 +2,6 @@ import Spindle
 import Testing
 import TestSupport
 
-/// Per-index counters that any thread may bump.
-private final class Counters: @unchecked Sendable {
-    // @unchecked: the words are only accessed through AtomicMemory.
-    let words: UnsafeMutablePointer<Int>
-    let count: Int
-    init(_ count: Int) {
-        self.count = count
-        words = .allocate(capacity: count)
-        words.initialize(repeating: 0, count: count)
-    }
-    deinit { words.deallocate() }
-    func add(_ index: Int, _ amount: Int = 1) {
-        AtomicMemory.add(amount, to: words + index, ordering: .sequentiallyConsistent)
-    }
-    subscript(index: Int) -> Int { AtomicMemory.load(from: words + index, ordering: .sequentiallyConsistent) }
-}
-
 private struct Refusal: Error, Equatable {
     let index: Int
 }
@@ -33,7 +16,7 @@ struct NativeThreadStressTests {
     func concurrentCreatorsGetEveryResultAndError(creators: Int) {
         let perCreator = 120
         let batch = 6
-        let mismatches = Counters(1)
+        let mismatches = AtomicCounters(1)
         runThreads(creators) { creator in
             var index = 0
             while index < perCreator {
@@ -76,8 +59,8 @@ struct NativeThreadStressTests {
         let detached = 48
         let foreign = 16
         let total = joinable + detached + foreign
-        let destroyed = Counters(total)
-        let wrongThread = Counters(1)
+        let destroyed = AtomicCounters(total)
+        let wrongThread = AtomicCounters(1)
         let detachedDone = Latch(detached)
         // Created first, so its destructor runs last (reverse order of
         // creation): once it has run, the thread's other destructors have.
@@ -115,7 +98,7 @@ struct NativeThreadStressTests {
     /// scrambled order by several cancellers; every one of them stops.
     @Test func cancellationReachesEverySleeper() throws {
         let count = 16
-        let iterations = Counters(count)
+        let iterations = AtomicCounters(count)
         let threads = try (0..<count).map { i in
             try NativeThread.start { () -> Bool in
                 var round = 0

@@ -38,19 +38,6 @@ private final class Words: @unchecked Sendable {
     func store(_ i: Int, _ v: Int) { AtomicMemory.store(v, to: base + i, ordering: .sequentiallyConsistent) }
 }
 
-/// A small deterministic generator per thread (SplitMix64), so a failing mix
-/// can be replayed from the seed printed with it.
-private struct SplitMix: RandomNumberGenerator {
-    var state: UInt64
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
-
 /// Serialized: the last case measures the default pool's thread count, which
 /// the other cases here would disturb.
 @Suite("WorkQueue stress", .serialized)

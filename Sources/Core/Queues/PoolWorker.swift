@@ -9,7 +9,6 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     // word is atomic.
 
     unowned(unsafe) let pool: WorkerPool
-    let number: Int
     let local = WorkRing(capacity: 256, publishesCount: true)
     /// `local`'s published count, for reads without touching the ring object.
     let localCount: UnsafeMutablePointer<Int>
@@ -33,9 +32,8 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     private var slotRuns = 0
     private static let slotLimit = 16
 
-    init(pool: WorkerPool, number: Int) {
+    init(pool: WorkerPool) {
         self.pool = pool
-        self.number = number
         localCount = local.publishedCount
         parkWord = allocateStableWords(byteCount: 4).assumingMemoryBound(to: UInt32.self)
         stealBuffer = .allocate(capacity: Self.stealLimit)
@@ -254,7 +252,6 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         AtomicMemory.store(1, to: parkWord, ordering: .relaxed)
         pool.lock.lock()
         pool.idle.append(self)
-        AtomicMemory.add(1, to: pool.idleCount, ordering: .sequentiallyConsistent)
         if isSearching {
             isSearching = false
             AtomicMemory.add(-1, to: pool.searching, ordering: .sequentiallyConsistent)
@@ -291,7 +288,6 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
             return false  // another worker has the permit; it will find the work
         }
         pool.idle.remove(at: i)
-        AtomicMemory.add(-1, to: pool.idleCount, ordering: .sequentiallyConsistent)
         AtomicMemory.add(1, to: pool.active, ordering: .sequentiallyConsistent)
         AtomicMemory.add(1, to: pool.searching, ordering: .sequentiallyConsistent)
         AtomicMemory.store(0, to: parkWord, ordering: .relaxed)
@@ -308,7 +304,6 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
               let i = pool.idle.firstIndex(where: { $0 === self })
         else { return false }
         pool.idle.remove(at: i)
-        AtomicMemory.add(-1, to: pool.idleCount, ordering: .sequentiallyConsistent)
         pool.workers.removeAll { $0 === self }
         pool.threadCount -= 1
         // A worker that parked because the pool was over width may still

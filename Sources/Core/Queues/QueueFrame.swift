@@ -14,23 +14,18 @@ struct QueueFrame {
     /// Runs `body` with `queue` as the thread's innermost frame.
     @inline(__always)
     static func with<T, E: Error>(_ queue: WorkQueue, _ body: () throws(E) -> T) throws(E) -> T {
-        var frame = QueueFrame(queue: .passUnretained(queue), previous: cshims_queue_frame())
+        try with(unretained: .passUnretained(queue), body)
+    }
+
+    /// `with`, for a queue the caller holds unretained (the caller keeps it
+    /// alive; a pool worker's global queues live for the whole process).
+    @inline(__always)
+    static func with<T, E: Error>(unretained queue: Unmanaged<WorkQueue>, _ body: () throws(E) -> T) throws(E) -> T {
+        var frame = QueueFrame(queue: queue, previous: cshims_queue_frame())
         return try withUnsafeMutablePointer(to: &frame) { (pointer) throws(E) -> T in
             cshims_set_queue_frame(UnsafeMutableRawPointer(pointer))
             defer { cshims_set_queue_frame(pointer.pointee.previous) }
             return try body()
-        }
-    }
-
-    /// `with`, for a queue the caller holds unretained (one that lives for
-    /// the whole process).
-    @inline(__always)
-    static func with(unretained queue: Unmanaged<WorkQueue>, _ body: () -> Void) {
-        var frame = QueueFrame(queue: queue, previous: cshims_queue_frame())
-        withUnsafeMutablePointer(to: &frame) { pointer in
-            cshims_set_queue_frame(UnsafeMutableRawPointer(pointer))
-            body()
-            cshims_set_queue_frame(pointer.pointee.previous)
         }
     }
 

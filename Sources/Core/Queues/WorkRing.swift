@@ -29,9 +29,6 @@ final class WorkRing {
 
     var isEmpty: Bool { count == 0 }
 
-    /// The count as last published, read without the owner's lock.
-    var approximateCount: Int { AtomicMemory.load(from: publishedCount, ordering: .sequentiallyConsistent) }
-
     @inline(__always)
     private func publish() {
         guard publishes else { return }

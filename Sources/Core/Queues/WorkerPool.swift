@@ -124,16 +124,14 @@ final class WorkerPool: @unchecked Sendable {
     var idle: [PoolWorker] = []
     var workers: [PoolWorker] = []
     var threadCount = 0
-    var nextWorkerNumber = 0
 
     /// Atomic counters, each on its own cache line: active, searching,
-    /// idle, spinner.
+    /// spinner.
     private let words: UnsafeMutableRawPointer
     var active: UnsafeMutablePointer<Int> { words.assumingMemoryBound(to: Int.self) }
     var searching: UnsafeMutablePointer<Int> { (words + 64).assumingMemoryBound(to: Int.self) }
-    var idleCount: UnsafeMutablePointer<Int> { (words + 128).assumingMemoryBound(to: Int.self) }
     /// 1 while a worker spins before parking: at most one per pool does.
-    var spinner: UnsafeMutablePointer<Int> { (words + 192).assumingMemoryBound(to: Int.self) }
+    var spinner: UnsafeMutablePointer<Int> { (words + 128).assumingMemoryBound(to: Int.self) }
 
     /// Lane numbers of the injector.
     static let highLane = 0
@@ -145,7 +143,7 @@ final class WorkerPool: @unchecked Sendable {
         maximumThreads = width + Self.compensationLimit
         injector = [WorkRing(capacity: 256, publishesCount: true), WorkRing(capacity: 1024, publishesCount: true)]
         injectorCounts = injector.map(\.publishedCount)
-        words = allocateStableWords(byteCount: 256)
+        words = allocateStableWords(byteCount: 192)
         ForkHandlers.install()
     }
 
@@ -188,18 +186,15 @@ final class WorkerPool: @unchecked Sendable {
             return
         }
         if let worker = idle.popLast() {
-            AtomicMemory.add(-1, to: idleCount, ordering: .sequentiallyConsistent)
             AtomicMemory.add(1, to: active, ordering: .sequentiallyConsistent)
             AtomicMemory.add(1, to: searching, ordering: .sequentiallyConsistent)
             lock.unlock()
             worker.unpark()
         } else if threadCount < maximumThreads {
             threadCount += 1
-            nextWorkerNumber += 1
-            let number = nextWorkerNumber
             AtomicMemory.add(1, to: active, ordering: .sequentiallyConsistent)
             AtomicMemory.add(1, to: searching, ordering: .sequentiallyConsistent)
-            let worker = PoolWorker(pool: self, number: number)
+            let worker = PoolWorker(pool: self)
             workers.append(worker)
             lock.unlock()
             worker.start()
@@ -303,7 +298,6 @@ final class WorkerPool: @unchecked Sendable {
         threadCount = workers.count
         AtomicMemory.store(workers.count, to: active, ordering: .relaxed)
         AtomicMemory.store(0, to: searching, ordering: .relaxed)
-        AtomicMemory.store(0, to: idleCount, ordering: .relaxed)
         if !injector[0].isEmpty || !injector[1].isEmpty { notifyIfNeeded() }
     }
 }
