@@ -641,5 +641,6 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
 /// A key for values stored on queues (`WorkQueue.setSpecific(_:for:)`),
 /// compared by identity.
 public final class WorkQueueKey<Value: Sendable>: Sendable {
+    /// A new key, distinct from every other. Never blocks.
     public init() {}
 }
