@@ -9,5 +9,6 @@
 #include "cshims_uring.h"
 #include "cshims_event.h"
 #include "cshims_file.h"
+#include "cshims_sources.h"
 
 #endif // CSHIMS_H

@@ -42,5 +42,6 @@ enum ForkHandlers {
         WorkerPool.childAfterForkAll()
         WorkQueue.main.childAfterFork()
         DelayedWork.shared.childAfterFork()
+        EventReactor.childAfterFork()
     }
 }

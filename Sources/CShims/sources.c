@@ -1,0 +1,230 @@
+// Event-source system calls (see cshims_sources.h).
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/sockios.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/inotify.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cshims_sources.h"
+
+_Static_assert(CSHIMS_IN_MODIFY == IN_MODIFY && CSHIMS_IN_ATTRIB == IN_ATTRIB &&
+                   CSHIMS_IN_MOVE_SELF == IN_MOVE_SELF && CSHIMS_IN_DELETE_SELF == IN_DELETE_SELF &&
+                   CSHIMS_IN_UNMOUNT == IN_UNMOUNT && CSHIMS_IN_IGNORED == IN_IGNORED,
+               "inotify bits must match <sys/inotify.h>");
+_Static_assert(CSHIMS_FD_SOCKET == S_IFSOCK && CSHIMS_FD_FIFO == S_IFIFO,
+               "file type constants must match <sys/stat.h>");
+
+#ifndef P_PIDFD
+#define P_PIDFD 3
+#endif
+
+// MARK: Signals
+
+#define WATCH_SIGNALS 65 // signal numbers 1 ... 64
+
+// The disposition each observer replaced. Written by install before the
+// observer is installed (so the handler, which reads it, sees it complete:
+// sigaction(2) is a full barrier for the signal it installs), and not again
+// until a later install after a restore.
+static struct sigaction saved[WATCH_SIGNALS];
+static _Atomic uint64_t delivered[WATCH_SIGNALS];
+static _Atomic int watch_eventfd = -1;
+
+static int default_ignores(int signo) {
+    return signo == SIGCHLD || signo == SIGCONT || signo == SIGURG || signo == SIGWINCH;
+}
+
+static int default_stops(int signo) {
+    return signo == SIGTSTP || signo == SIGTTIN || signo == SIGTTOU;
+}
+
+static void observe(int signo, siginfo_t *info, void *context) {
+    int saved_errno = errno;
+    atomic_fetch_add_explicit(&delivered[signo], 1, memory_order_release);
+    int fd = atomic_load_explicit(&watch_eventfd, memory_order_acquire);
+    if (fd >= 0) {
+        uint64_t one = 1;
+        ssize_t ignored = write(fd, &one, sizeof one); // EAGAIN only at 2^64 - 1
+        (void)ignored;
+    }
+    const struct sigaction *previous = &saved[signo];
+    if (previous->sa_flags & SA_SIGINFO) {
+        if (previous->sa_sigaction) previous->sa_sigaction(signo, info, context);
+    } else if (previous->sa_handler == SIG_IGN) {
+        // The program ignored it: so do we.
+    } else if (previous->sa_handler == SIG_DFL) {
+        if (default_stops(signo)) {
+            kill(getpid(), SIGSTOP);
+        } else if (!default_ignores(signo)) {
+            // Terminate as the default would: put the default back and let
+            // the signal arrive again once this handler unblocks it.
+            struct sigaction fallback;
+            memset(&fallback, 0, sizeof fallback);
+            fallback.sa_handler = SIG_DFL;
+            sigaction(signo, &fallback, NULL);
+            sigset_t only;
+            sigemptyset(&only);
+            sigaddset(&only, signo);
+            raise(signo);
+            sigprocmask(SIG_UNBLOCK, &only, NULL);
+        }
+    } else {
+        previous->sa_handler(signo);
+    }
+    errno = saved_errno;
+}
+
+int cshims_signal_watch_refusal(int signo) {
+    if (signo < 1 || signo >= WATCH_SIGNALS || signo > SIGRTMAX) return 1;
+    if (signo > 31 && signo < SIGRTMIN) return 2;
+    if (signo == SIGKILL || signo == SIGSTOP) return 3;
+    if (signo == SIGILL || signo == SIGBUS || signo == SIGSEGV || signo == SIGFPE) return 4;
+    return 0;
+}
+
+int cshims_signal_watch_install(int signo, int eventfd) {
+    if (cshims_signal_watch_refusal(signo)) return -EINVAL;
+    atomic_store_explicit(&watch_eventfd, eventfd, memory_order_release);
+    struct sigaction previous;
+    if (sigaction(signo, NULL, &previous) != 0) return -errno;
+    if ((previous.sa_flags & SA_SIGINFO) && previous.sa_sigaction == observe) return 0; // already ours
+    saved[signo] = previous;
+    struct sigaction mine;
+    memset(&mine, 0, sizeof mine);
+    mine.sa_sigaction = observe;
+    mine.sa_mask = previous.sa_mask;
+    // A handler that did not restart interrupted calls keeps doing so;
+    // SIG_IGN and SIG_DFL never interrupted them.
+    int handled = (previous.sa_flags & SA_SIGINFO) ||
+                  (previous.sa_handler != SIG_IGN && previous.sa_handler != SIG_DFL);
+    mine.sa_flags = SA_SIGINFO | SA_ONSTACK | (handled ? (previous.sa_flags & SA_RESTART) : SA_RESTART);
+    if (sigaction(signo, &mine, NULL) != 0) return -errno;
+    return 0;
+}
+
+int cshims_signal_watch_restore(int signo) {
+    if (cshims_signal_watch_refusal(signo)) return -EINVAL;
+    struct sigaction current;
+    if (sigaction(signo, NULL, &current) != 0) return -errno;
+    if (!(current.sa_flags & SA_SIGINFO) || current.sa_sigaction != observe) return 0;
+    if (sigaction(signo, &saved[signo], NULL) != 0) return -errno;
+    return 1;
+}
+
+uint64_t cshims_signal_watch_count(int signo) {
+    if (signo < 1 || signo >= WATCH_SIGNALS) return 0;
+    return atomic_load_explicit(&delivered[signo], memory_order_acquire);
+}
+
+// MARK: Processes
+
+int cshims_pidfd_open(int32_t pid) {
+    long fd = syscall(SYS_pidfd_open, (pid_t)pid, 0u);
+    if (fd < 0) return -errno;
+    return (int)fd;
+}
+
+int cshims_pidfd_exit_status(int pidfd, int32_t *code, int32_t *how) {
+    siginfo_t info;
+    memset(&info, 0, sizeof info);
+    for (;;) {
+        if (waitid((idtype_t)P_PIDFD, (id_t)pidfd, &info, WEXITED | WNOHANG | WNOWAIT) == 0) break;
+        if (errno != EINTR) return -errno;
+    }
+    if (info.si_pid == 0) return 0;
+    *code = info.si_status;
+    *how = info.si_code == CLD_EXITED ? 1 : info.si_code == CLD_DUMPED ? 3 : 2;
+    return 1;
+}
+
+int32_t cshims_parent_pid(void) { return (int32_t)getppid(); }
+
+// MARK: File-system objects
+
+int cshims_inotify_create(void) {
+    int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    return fd < 0 ? -errno : fd;
+}
+
+int cshims_inotify_watch_descriptor(int ifd, int fd, uint32_t mask) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    int wd = inotify_add_watch(ifd, path, mask | IN_MASK_ADD);
+    return wd < 0 ? -errno : wd;
+}
+
+int cshims_inotify_unwatch(int ifd, int wd) {
+    return inotify_rm_watch(ifd, wd) == 0 ? 0 : -errno;
+}
+
+int cshims_inotify_read(int ifd, int32_t *wds, uint32_t *masks, int max) {
+    if (max < 256) return -EINVAL;
+    _Alignas(struct inotify_event) char buffer[4096];
+    ssize_t got;
+    for (;;) {
+        got = read(ifd, buffer, sizeof buffer);
+        if (got >= 0) break;
+        if (errno == EAGAIN) return 0;
+        if (errno != EINTR) return -errno;
+    }
+    int count = 0;
+    for (char *at = buffer; at < buffer + got && count < max;) {
+        const struct inotify_event *event = (const struct inotify_event *)(void *)at;
+        wds[count] = event->wd;
+        masks[count] = event->mask;
+        count += 1;
+        at += sizeof(struct inotify_event) + event->len;
+    }
+    return count;
+}
+
+int cshims_fd_stat(int fd, uint32_t *type, int64_t *size, uint64_t *links) {
+    struct stat st;
+    if (fstat(fd, &st) != 0) return -errno;
+    *type = st.st_mode & S_IFMT;
+    *size = (int64_t)st.st_size;
+    *links = (uint64_t)st.st_nlink;
+    return 0;
+}
+
+// MARK: Readiness estimates
+
+int64_t cshims_fd_readable_bytes(int fd) {
+    int bytes = 0;
+    if (ioctl(fd, FIONREAD, &bytes) != 0) return -errno;
+    return bytes;
+}
+
+int64_t cshims_fd_write_space(int fd, uint32_t type) {
+    if (type == S_IFSOCK) {
+        int buffer = 0, queued = 0;
+        socklen_t length = sizeof buffer;
+        if (getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffer, &length) != 0) return -errno;
+        if (ioctl(fd, SIOCOUTQ, &queued) != 0) return -errno;
+        return buffer > queued ? buffer - queued : 0;
+    }
+    if (type == S_IFIFO) {
+        int capacity = fcntl(fd, F_GETPIPE_SZ);
+        if (capacity < 0) return -errno;
+        int queued = 0;
+        if (ioctl(fd, FIONREAD, &queued) != 0) return -errno;
+        return capacity > queued ? capacity - queued : 0;
+    }
+    return -ENOTSUP;
+}
+
+int64_t cshims_fd_offset(int fd) {
+    off_t at = lseek(fd, 0, SEEK_CUR);
+    return at < 0 ? -errno : (int64_t)at;
+}

@@ -1,0 +1,231 @@
+extension EventSource {
+    /// The kinds of event a source watches.
+    public enum Kind: Sendable, Hashable {
+        /// A timer: `data` counts the firings since the last call.
+        case timer
+        /// A descriptor has data to read: `data` estimates the bytes.
+        case read
+        /// A descriptor can take data: `data` estimates the space.
+        case write
+        /// A signal arrived: `data` counts the deliveries.
+        case signal
+        /// A process exited: `data` holds `ProcessEvents`.
+        case process
+        /// A file changed: `data` holds `FileEvents`.
+        case fileSystemObject
+        /// Data the program merges in with `merge(data:)`.
+        case data(DataMerge)
+    }
+
+    /// How a data source combines the values merged between handler calls.
+    public enum DataMerge: Sendable, Hashable {
+        /// Summed (wrapping at 2^64).
+        case add
+        /// ORed, under the source's mask.
+        case or
+        /// The latest value wins.
+        case replace
+    }
+
+    /// Where a source's handlers run.
+    public enum Target: Sendable {
+        /// As work items on a queue (any kind: serial, concurrent, global,
+        /// main).
+        case queue(WorkQueue)
+        /// On a run loop's thread, during passes in one of `modes`.
+        case loop(ThreadLoop, modes: [LoopMode] = [.common])
+    }
+
+    /// The clock a timer's schedule follows.
+    public enum TimerStart: Sendable, Hashable {
+        /// The monotonic clock (`CLOCK_MONOTONIC`): does not advance while
+        /// the machine sleeps, never jumps.
+        case monotonic(MonotonicClock.Instant)
+        /// The wall clock (`CLOCK_REALTIME`): follows changes to the
+        /// system time, for schedules tied to the calendar.
+        case wall(WallClock.Instant)
+
+        /// Now, on the monotonic clock.
+        public static var now: TimerStart { .monotonic(MonotonicClock.now) }
+    }
+
+    /// Changes to a file-system object, as a `.fileSystemObject` source
+    /// watches and reports them. Linux reports them through inotify on the
+    /// open descriptor's inode (so the source follows the file, not its
+    /// name); what maps to what:
+    ///
+    /// | event | inotify | reported when |
+    /// |---|---|---|
+    /// | `write` | `IN_MODIFY` | a write or a truncation (not told apart) |
+    /// | `extend` | `IN_MODIFY` | the size grew since the last event |
+    /// | `attributes` | `IN_ATTRIB` | mode, owner, times, links changed |
+    /// | `link` | `IN_ATTRIB` | the link count changed |
+    /// | `delete` | `IN_ATTRIB` / `IN_DELETE_SELF` | the link count reached 0 |
+    /// | `rename` | `IN_MOVE_SELF` | any rename of the file |
+    /// | `revoke` | `IN_UNMOUNT` | its file system was unmounted |
+    ///
+    /// With the descriptor open (as a source needs), deleting the last name
+    /// gives only an attribute change with link count 0; that is reported as
+    /// `delete` (with `attributes` and `link`). `revoke` cannot happen while
+    /// the descriptor is open: Linux refuses to unmount a busy file system
+    /// (`EBUSY`) and a lazy unmount reports nothing until the last
+    /// descriptor closes. Darwin's unlock event has no Linux counterpart and
+    /// is not offered.
+    public struct FileEvents: OptionSet, Sendable, Hashable {
+        public let rawValue: UInt64
+        public init(rawValue: UInt64) { self.rawValue = rawValue }
+        public static let delete = FileEvents(rawValue: 1 << 0)
+        public static let write = FileEvents(rawValue: 1 << 1)
+        public static let extend = FileEvents(rawValue: 1 << 2)
+        public static let attributes = FileEvents(rawValue: 1 << 3)
+        public static let link = FileEvents(rawValue: 1 << 4)
+        public static let rename = FileEvents(rawValue: 1 << 5)
+        public static let revoke = FileEvents(rawValue: 1 << 6)
+        /// Every event Linux can report.
+        public static let all: FileEvents = [.delete, .write, .extend, .attributes, .link, .rename, .revoke]
+    }
+
+    /// Events of a process, as a `.process` source reports them. Linux lets
+    /// an unprivileged process observe only `exit` (through a pidfd);
+    /// `fork`, `exec` and `signal` of another process need the netlink
+    /// process connector (`CAP_NET_ADMIN`) or ptrace, so asking for them is
+    /// refused at creation with `EventSourceError.processEventsNotObservable`.
+    public struct ProcessEvents: OptionSet, Sendable, Hashable {
+        public let rawValue: UInt64
+        public init(rawValue: UInt64) { self.rawValue = rawValue }
+        public static let exit = ProcessEvents(rawValue: 1 << 0)
+        public static let fork = ProcessEvents(rawValue: 1 << 1)
+        public static let exec = ProcessEvents(rawValue: 1 << 2)
+        public static let signal = ProcessEvents(rawValue: 1 << 3)
+    }
+
+    /// How a child process ended.
+    public enum ExitStatus: Sendable, Hashable {
+        /// It called `exit` with this status.
+        case exited(Int32)
+        /// A signal killed it (`coreDumped`: and it dumped core).
+        case signaled(Int32, coreDumped: Bool)
+    }
+
+    // MARK: Making sources
+
+    /// A timer source: fires at `start`, then every `interval` (once if
+    /// `interval` is nil). A repeating timer keeps to start + n × interval;
+    /// firings it misses (a busy target, a suspension) merge into one call
+    /// whose `data` counts them. `leeway` lets Spindle fire it up to that
+    /// much late so that nearby timers share a wake-up; it never fires
+    /// early. Timers live in their loop's (or the reactor's) ordered timer
+    /// structure behind one kernel timeout, not a timerfd each.
+    ///
+    /// A wall-clock schedule is translated to the monotonic clock when the
+    /// timer is armed and again at each firing, which is checked against the
+    /// wall clock (never early); a change of the system time is therefore
+    /// noticed at the next firing, not at once.
+    ///
+    /// `interval` must be positive and `leeway` non-negative: otherwise a
+    /// precondition failure with a message.
+    public static func timer(
+        start: TimerStart = .now, interval: Duration?, leeway: Duration = .zero, on target: Target
+    ) -> EventSource {
+        if let interval {
+            require(interval > .zero, "EventSource.timer: `interval` is \(interval); a repeating timer needs a positive interval (nil for one firing)")
+        }
+        require(leeway >= .zero, "EventSource.timer: `leeway` is \(leeway); it cannot be negative")
+        return EventSource(
+            kind: .timer, handle: 0, mask: 0, target: target,
+            watch: TimerWatch(start: start, interval: interval, leeway: leeway))
+    }
+
+    /// A source that fires while `descriptor` has data to read, with `data`
+    /// the bytes readable (`FIONREAD`; for a regular file, its size less the
+    /// file offset; 1 where the kernel cannot tell, e.g. a listening
+    /// socket). At end of file (a pipe or socket whose peer closed, a regular
+    /// file read to its end) it fires once with `data` 0 and then stays
+    /// quiet until cancelled. Level-triggered otherwise: while data remains
+    /// unread, it fires again after each call.
+    ///
+    /// The descriptor stays the caller's: the source never closes it (close
+    /// it in the cancel handler) and never changes its flags; make it
+    /// non-blocking, or a read in the handler can stall the target.
+    ///
+    /// - Throws: `EventSourceError.descriptorNotOpen` if it is not open.
+    public static func read(descriptor: Int32, on target: Target) throws(EventSourceError) -> EventSource {
+        let watch = try DescriptorWatch(descriptor: descriptor, writing: false)
+        return EventSource(kind: .read, handle: descriptor, mask: 0, target: target, watch: watch)
+    }
+
+    /// A source that fires while `descriptor` can take data, with `data` the
+    /// space (a socket's send buffer less what it holds, a pipe's capacity
+    /// less its contents; 1 for other kinds, such as a regular file, which is
+    /// always writable). Fires again after each call while space remains:
+    /// cancel it (or suspend it) when there is nothing more to write. The
+    /// descriptor stays the caller's, as for `read(descriptor:on:)`.
+    ///
+    /// - Throws: `EventSourceError.descriptorNotOpen` if it is not open.
+    public static func write(descriptor: Int32, on target: Target) throws(EventSourceError) -> EventSource {
+        let watch = try DescriptorWatch(descriptor: descriptor, writing: true)
+        return EventSource(kind: .write, handle: descriptor, mask: 0, target: target, watch: watch)
+    }
+
+    /// A source that observes deliveries of `signal` to the process; `data`
+    /// counts them since the last call. It only observes: what the
+    /// program's disposition for the signal meant still happens (its own
+    /// handler runs; `SIG_IGN` ignores; `SIG_DFL` terminates, stops or
+    /// ignores as the default would), and the disposition is put back when
+    /// the last source for the signal is cancelled. No signal mask is
+    /// changed, so it works whichever thread the kernel picks.
+    ///
+    /// Counts are exact up to the kernel's own merging: deliveries of a
+    /// standard signal that arrive while one is already pending become one;
+    /// real-time signals queue and are all counted.
+    ///
+    /// - Throws: `EventSourceError.signalNotObservable` for SIGKILL and
+    ///   SIGSTOP (uncatchable), SIGILL, SIGBUS, SIGSEGV and SIGFPE (faults
+    ///   of the thread that raised them), 32 and 33 (the C library's own),
+    ///   and numbers out of range; `.systemCall` if the kernel refuses.
+    public static func signal(_ signal: Int32, on target: Target) throws(EventSourceError) -> EventSource {
+        try SignalWatch.validate(signal)
+        return EventSource(kind: .signal, handle: signal, mask: 0, target: target, watch: SignalWatch(signal: signal))
+    }
+
+    /// A source that fires once when process `pid` exits (`data` =
+    /// `ProcessEvents.exit`). For a child of this process, `exitStatus`
+    /// then tells how it ended (it is not reaped). Rests on a pidfd
+    /// (`pidfd_open`, Linux 5.3), which the source owns and closes.
+    ///
+    /// - Throws: `.processEventsNotObservable` if `events` holds anything
+    ///   but `.exit`; `.noSuchProcess` if `pid` does not exist;
+    ///   `.systemCall` if the kernel refuses.
+    public static func process(
+        _ pid: Int32, events: ProcessEvents = .exit, on target: Target
+    ) throws(EventSourceError) -> EventSource {
+        let watch = try ProcessWatch(pid: pid, events: events)
+        return EventSource(kind: .process, handle: pid, mask: events.rawValue, target: target, watch: watch)
+    }
+
+    /// A source that reports `events` of the file-system object open on
+    /// `descriptor` (`data` = the `FileEvents` that occurred, ORed since the
+    /// last call; see `FileEvents` for what Linux can tell apart). It follows
+    /// the file, not its name. The descriptor must stay open while the
+    /// source runs; the source never closes it.
+    ///
+    /// - Throws: `.descriptorNotOpen`; `.systemCall` if inotify refuses
+    ///   (e.g. the `max_user_watches` limit).
+    public static func fileSystemObject(
+        descriptor: Int32, events: FileEvents, on target: Target
+    ) throws(EventSourceError) -> EventSource {
+        require(!events.isEmpty, "EventSource.fileSystemObject: `events` is empty; the source could never fire")
+        let watch = try FileSystemWatch(descriptor: descriptor, events: events)
+        return EventSource(
+            kind: .fileSystemObject, handle: descriptor, mask: events.rawValue, target: target, watch: watch)
+    }
+
+    /// A data source: the program calls `merge(data:)` from any thread, and
+    /// the handler gets what was merged since its last call (summed, ORed
+    /// under `mask`, or the latest, by `merge`). No kernel object: a merge
+    /// is two atomic operations, and a wake-up only when it makes the first
+    /// pending call.
+    public static func data(_ merge: DataMerge, mask: UInt64 = .max, on target: Target) -> EventSource {
+        EventSource(kind: .data(merge), handle: 0, mask: merge == .or ? mask : 0, target: target, watch: nil)
+    }
+}

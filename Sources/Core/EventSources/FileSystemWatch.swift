@@ -1,0 +1,158 @@
+import CShims
+
+/// The watch of a file-system object source. One inotify instance serves
+/// the whole process (on the reactor); each source's descriptor is watched
+/// through `/proc/self/fd/N`, so the watch is on the inode and follows the
+/// file through renames. Sources on the same file share the kernel watch
+/// (inotify gives one watch descriptor per inode); the watch goes when the
+/// last of them is cancelled.
+///
+/// inotify's events become `FileEvents` with the help of `fstat` on the
+/// source's descriptor: an extension is a modification that grew the size;
+/// a link change is an attribute change that changed the link count; a
+/// deletion is the link count reaching 0 (inotify sends `IN_DELETE_SELF`
+/// only after the last descriptor closes, and the source's is open).
+final class FileSystemWatch: SourceWatch, @unchecked Sendable {
+    // @unchecked: everything mutable is guarded by the registry's lock.
+
+    let descriptor: Int32
+    let events: EventSource.FileEvents
+    fileprivate var wd: Int32 = -1
+    fileprivate var size: Int64
+    fileprivate var links: UInt64
+    fileprivate weak var source: EventSource?
+    fileprivate var registered = false
+
+    init(descriptor: Int32, events: EventSource.FileEvents) throws(EventSourceError) {
+        require(descriptor >= 0, "EventSource.fileSystemObject: `descriptor` is \(descriptor); it must be an open descriptor")
+        let stat = try EventSourceCalls.stat(descriptor)
+        self.descriptor = descriptor
+        self.events = events
+        size = stat.size
+        links = stat.links
+    }
+
+    var isProcessWide: Bool { true }
+
+    /// The inotify events that can produce `events`.
+    var inotifyMask: UInt32 {
+        var mask: UInt32 = 0
+        if !events.isDisjoint(with: [.write, .extend]) { mask |= CSHIMS_IN_MODIFY }
+        if !events.isDisjoint(with: [.attributes, .link, .delete]) { mask |= CSHIMS_IN_ATTRIB | CSHIMS_IN_DELETE_SELF }
+        if events.contains(.rename) { mask |= CSHIMS_IN_MOVE_SELF }
+        return mask
+    }
+
+    func start(for source: EventSource, on loop: ThreadLoop, modes: [LoopMode]) {
+        do throws(EventSourceError) {
+            try Registry.shared.add(self, for: source)
+        } catch {
+            source.fail(error)
+        }
+    }
+
+    func move(for source: EventSource, to loop: ThreadLoop, modes: [LoopMode]) {}
+
+    func stop() { Registry.shared.remove(self) }
+
+    /// The `FileEvents` that `mask` (from inotify) means for this watch,
+    /// with the size and link count it last saw brought up to date. Under
+    /// the registry's lock.
+    fileprivate func translate(_ mask: UInt32) -> EventSource.FileEvents {
+        var found: EventSource.FileEvents = []
+        let stat = try? EventSourceCalls.stat(descriptor)
+        if mask & CSHIMS_IN_MODIFY != 0 { found.insert(.write) }
+        if mask & CSHIMS_IN_ATTRIB != 0 { found.insert(.attributes) }
+        if mask & CSHIMS_IN_MOVE_SELF != 0 { found.insert(.rename) }
+        if mask & CSHIMS_IN_DELETE_SELF != 0 { found.insert(.delete) }
+        if mask & CSHIMS_IN_UNMOUNT != 0 { found.insert(.revoke) }
+        if let stat {
+            if stat.size > size { found.insert(.extend) }
+            if stat.links != links { found.insert(.link) }
+            if stat.links == 0 { found.insert(.delete) }
+            size = stat.size
+            links = stat.links
+        }
+        return found.intersection(events)
+    }
+
+    /// Every file-system object source of the process.
+    final class Registry: @unchecked Sendable {
+        // @unchecked: everything is guarded by `lock`.
+
+        static let shared = Registry()
+
+        private let lock = GuardLock()
+        private var inotify: Int32 = -1
+        private var watcher: LoopSource?
+        private var byWatch: [Int32: [FileSystemWatch]] = [:]
+        private var wds = [Int32](repeating: 0, count: 256)
+        private var masks = [UInt32](repeating: 0, count: 256)
+
+        func add(_ watch: FileSystemWatch, for source: EventSource) throws(EventSourceError) {
+            let reactor = EventReactor.loop
+            lock.lock()
+            defer { lock.unlock() }
+            if inotify < 0 {
+                let fd = try EventSourceCalls.inotify()
+                let made = LoopSource(descriptor: fd) { [unowned self] _, _ in self.deliver() }
+                inotify = fd
+                watcher = made
+                reactor.add(made)
+            }
+            let wd = try EventSourceCalls.inotifyWatch(inotify, descriptor: watch.descriptor, mask: watch.inotifyMask)
+            watch.wd = wd
+            watch.source = source
+            watch.registered = true
+            byWatch[wd, default: []].append(watch)
+        }
+
+        func remove(_ watch: FileSystemWatch) {
+            lock.lock()
+            defer { lock.unlock() }
+            guard watch.registered else { return }
+            watch.registered = false
+            guard var list = byWatch[watch.wd] else { return }
+            list.removeAll { $0 === watch }
+            if list.isEmpty {
+                byWatch[watch.wd] = nil
+                EventSourceCalls.inotifyUnwatch(inotify, watch.wd)
+            } else {
+                byWatch[watch.wd] = list
+            }
+        }
+
+        /// On the reactor, when the inotify descriptor is readable.
+        private func deliver() {
+            var due: [(EventSource, EventSource.FileEvents)] = []
+            lock.withLock {
+                while true {
+                    let n = EventSourceCalls.inotifyRead(inotify, &wds, &masks)
+                    if n == 0 { break }
+                    for i in 0..<n {
+                        guard let list = byWatch[wds[i]] else { continue }
+                        for watch in list {
+                            let found = watch.translate(masks[i])
+                            if !found.isEmpty, let source = watch.source { due.append((source, found)) }
+                        }
+                        if masks[i] & CSHIMS_IN_IGNORED != 0 {
+                            // The kernel dropped the watch (deleted, unmounted):
+                            // its number may be given to another file now.
+                            for watch in list { watch.registered = false }
+                            byWatch[wds[i]] = nil
+                        }
+                    }
+                }
+            }
+            for (source, found) in due { source.or(found.rawValue) }
+        }
+
+        func childAfterFork() {
+            lock.reinitializeAfterFork()
+            if let watcher { _ = Unmanaged.passRetained(watcher) }
+            watcher = nil
+            inotify = -1
+            byWatch = [:]
+        }
+    }
+}

@@ -1,0 +1,34 @@
+/// The kernel side of one event source: what it watches, how an event
+/// becomes data, and how the watch is re-armed. Each kind has one.
+///
+/// Calls: `start` once at activation (any thread); `take` and
+/// `handlerReturned` on the target, one call at a time (the source never
+/// runs two calls at once); `stop` once at cancel (any thread), `finish`
+/// once after the cancel handler; `move` from `setTarget`.
+protocol SourceWatch: AnyObject, Sendable {
+    /// Whether the mechanism is process-wide and so always watched on the
+    /// reactor (signals, inotify), whatever the target.
+    var isProcessWide: Bool { get }
+    /// Starts watching, on `loop` in `modes`; events reach `source` through
+    /// `add`/`or`/`replace`/`noteEvent`.
+    func start(for source: EventSource, on loop: ThreadLoop, modes: [LoopMode])
+    /// The data for the call about to run; nil when there is nothing to
+    /// report (the call is then skipped).
+    func take(for source: EventSource) -> UInt64?
+    /// After an event call returned on a source not cancelled: re-arm a
+    /// watch that disarmed itself when it fired.
+    func handlerReturned(for source: EventSource)
+    /// Moves the watch to another loop or modes.
+    func move(for source: EventSource, to loop: ThreadLoop, modes: [LoopMode])
+    /// Stops watching for good.
+    func stop()
+    /// Releases what the watch owns (after the cancel handler has run).
+    func finish()
+}
+
+extension SourceWatch {
+    var isProcessWide: Bool { false }
+    func take(for source: EventSource) -> UInt64? { source.nonZero(source.takeAccumulated()) }
+    func handlerReturned(for source: EventSource) {}
+    func finish() {}
+}
