@@ -1,0 +1,185 @@
+// Event sources: each kind's event data, the life cycle (inactive, active,
+// suspended, cancelled), coalescing, and both kinds of target.
+#if canImport(Glibc)
+import Glibc
+#endif
+import Spindle
+import Testing
+import TestSupport
+
+@Suite("EventSource")
+struct EventSourceTests {
+    @Test func dataAddSourceSumsMergesIntoFewerCalls() {
+        let queue = WorkQueue(label: "es.add")
+        let source = EventSource.data(.add, on: .queue(queue))
+        let totals = LockedValue((calls: 0, sum: UInt64(0)))
+        let done = Semaphore(value: 0)
+        source.setEventHandler { s in
+            let sum = totals.withLock { $0.calls += 1; $0.sum += s.data; return $0.sum }
+            if sum == 10_000 { done.signal() }
+        }
+        source.activate()
+        for _ in 0..<10_000 { source.merge(data: 1) }
+        #expect(done.wait(timeout: .seconds(10)))
+        let (calls, sum) = totals.withLock { $0 }
+        #expect(sum == 10_000)
+        #expect(calls >= 1 && calls <= 10_000)
+        source.cancel()
+    }
+
+    @Test func mergesBeforeActivationArriveOnceAfterIt() {
+        let queue = WorkQueue(label: "es.inactive")
+        let source = EventSource.data(.or, on: .queue(queue))
+        let seen = LockedValue<[UInt64]>([])
+        let done = Semaphore(value: 0)
+        source.setEventHandler { s in seen.withLock { $0.append(s.data) }; done.signal() }
+        source.merge(data: 1)
+        source.merge(data: 4)
+        source.merge(data: 4)
+        sleepBriefly()
+        #expect(seen.withLock { $0 }.isEmpty)
+        source.activate()
+        #expect(done.wait(timeout: .seconds(10)))
+        #expect(seen.withLock { $0 } == [5])
+        source.cancel()
+    }
+
+    @Test func cancelHandlerRunsOnceAfterTheRunningHandler() {
+        let queue = WorkQueue(label: "es.cancel", kind: .concurrent)
+        let source = EventSource.data(.add, on: .queue(queue))
+        let log = LockedValue<[String]>([])
+        let entered = Semaphore(value: 0)
+        let release = Semaphore(value: 0)
+        let cancelled = Semaphore(value: 0)
+        source.setEventHandler { _ in
+            log.withLock { $0.append("event") }
+            entered.signal()
+            release.wait()
+            log.withLock { $0.append("event-end") }
+        }
+        source.setCancelHandler { _ in log.withLock { $0.append("cancel") }; cancelled.signal() }
+        source.activate()
+        source.merge(data: 1)
+        #expect(entered.wait(timeout: .seconds(10)))
+        source.merge(data: 1)   // held for a second call, which cancel drops
+        source.cancel()
+        source.cancel()
+        #expect(source.isCancelled)
+        release.signal()
+        #expect(cancelled.wait(timeout: .seconds(10)))
+        source.merge(data: 1)   // ignored
+        sleepBriefly()
+        #expect(log.withLock { $0 } == ["event", "event-end", "cancel"])
+    }
+
+    @Test func suspendedTimerDeliversTheMissedFiringsAsOneCall() {
+        let queue = WorkQueue(label: "es.timer")
+        let timer = EventSource.timer(interval: .milliseconds(5), on: .queue(queue))
+        let calls = LockedValue<[UInt64]>([])
+        timer.setEventHandler { s in calls.withLock { $0.append(s.data) } }
+        timer.activate()
+        timer.suspend()
+        let start = MonotonicClock.now
+        while MonotonicClock.now < start.advanced(by: .milliseconds(60)) { sleepBriefly() }
+        let before = calls.withLock { $0.count }
+        timer.resume()
+        let deadline = MonotonicClock.now.advanced(by: .seconds(10))
+        while calls.withLock({ $0.count }) == before && MonotonicClock.now < deadline { sleepBriefly() }
+        timer.cancel()
+        let after = calls.withLock { $0 }
+        #expect(after.count > before)
+        #expect(after[before] >= 10, "the firings missed while suspended: \(after)")
+    }
+
+    @Test func readSourceReportsBytesThenEndOfFileOnce() throws {
+        var fds: [Int32] = [0, 0]
+        #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &fds) == 0)
+        let queue = WorkQueue(label: "es.read")
+        let source = try EventSource.read(descriptor: fds[0], on: .queue(queue))
+        let seen = LockedValue<[UInt64]>([])
+        let got = Semaphore(value: 0)
+        let closed = Semaphore(value: 0)
+        source.setEventHandler { s in
+            var buffer = [UInt8](repeating: 0, count: 4096)
+            let n = read(s.handle, &buffer, buffer.count)
+            seen.withLock { $0.append(s.data) }
+            _ = n
+            got.signal()
+        }
+        let reader = fds[0]
+        source.setCancelHandler { _ in close(reader); closed.signal() }
+        source.activate()
+        let bytes: [UInt8] = Array(repeating: 7, count: 100)
+        #expect(write(fds[1], bytes, 100) == 100)
+        #expect(got.wait(timeout: .seconds(10)))
+        close(fds[1])
+        #expect(got.wait(timeout: .seconds(10)))
+        sleepBriefly()
+        #expect(seen.withLock { $0 } == [100, 0])
+        source.cancel()
+        #expect(closed.wait(timeout: .seconds(10)))
+    }
+
+    @Test func regularFileAtEndFiresOnceThenGoesQuiet() throws {
+        let path = "/tmp/spindle-es-\(getpid())-file"
+        let fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0o600)
+        defer { unlink(path) }
+        #expect(fd >= 0)
+        #expect(write(fd, [UInt8](repeating: 1, count: 5000), 5000) == 5000)
+        #expect(lseek(fd, 0, SEEK_SET) == 0)
+        let queue = WorkQueue(label: "es.file")
+        let source = try EventSource.read(descriptor: fd, on: .queue(queue))
+        let seen = LockedValue<[UInt64]>([])
+        source.setEventHandler { s in
+            var buffer = [UInt8](repeating: 0, count: 3000)
+            _ = read(s.handle, &buffer, 3000)
+            seen.withLock { $0.append(s.data) }
+        }
+        source.setCancelHandler { _ in close(fd) }
+        source.activate()
+        let start = MonotonicClock.now
+        while MonotonicClock.now < start.advanced(by: .milliseconds(200)) { sleepBriefly() }
+        source.cancel()
+        #expect(seen.withLock { $0 } == [5000, 2000, 0])
+    }
+
+    @Test func writeSourceReportsTheSpaceOfAPipe() throws {
+        var fds: [Int32] = [0, 0]
+        #expect(pipe(&fds) == 0)
+        let queue = WorkQueue(label: "es.write")
+        let source = try EventSource.write(descriptor: fds[1], on: .queue(queue))
+        let space = LockedValue<UInt64>(0)
+        let got = Semaphore(value: 0)
+        source.setEventHandler { s in space.withLock { $0 = s.data }; s.cancel() }
+        let (r, w) = (fds[0], fds[1])
+        source.setCancelHandler { _ in close(r); close(w); got.signal() }
+        source.activate()
+        #expect(got.wait(timeout: .seconds(10)))
+        #expect(space.withLock { $0 } == 65536)
+    }
+
+    @Test func loopTargetRunsHandlersOnTheLoopThread() throws {
+        let thread = try LoopThread.start()
+        defer { thread.stop(); try? thread.join() }
+        let source = EventSource.data(.add, on: .loop(thread.loop))
+        let onLoop = LockedValue<[Bool]>([])
+        let done = Semaphore(value: 0)
+        source.setEventHandler { s in
+            onLoop.withLock { $0.append(thread.loop.isCurrent) }
+            if s.data > 0 { done.signal() }
+        }
+        source.activate()
+        source.merge(data: 3)
+        #expect(done.wait(timeout: .seconds(10)))
+        let timer = EventSource.timer(interval: nil, on: .loop(thread.loop))
+        timer.setEventHandler { s in onLoop.withLock { $0.append(thread.loop.isCurrent && s.data == 1) }; done.signal() }
+        timer.activate()
+        #expect(done.wait(timeout: .seconds(10)))
+        #expect(onLoop.withLock { $0 } == [true, true])
+        source.cancel()
+        timer.cancel()
+    }
+}
+
+/// 2 ms: lets other threads run (a handler that should not run gets its chance).
+func sleepBriefly() { usleep(2000) }
