@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/sockios.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -222,6 +223,15 @@ int64_t cshims_fd_write_space(int fd, uint32_t type) {
         return capacity > queued ? capacity - queued : 0;
     }
     return -ENOTSUP;
+}
+
+int cshims_fd_readable_now(int fd) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    for (;;) {
+        int rc = poll(&p, 1, 0);
+        if (rc >= 0) return rc > 0 && (p.revents & (POLLIN | POLLHUP | POLLRDHUP | POLLERR)) ? 1 : 0;
+        if (errno != EINTR) return -errno;
+    }
 }
 
 int64_t cshims_fd_offset(int fd) {

@@ -80,6 +80,9 @@ int64_t cshims_fd_readable_bytes(int fd);
 // in it (SO_SNDBUF - SIOCOUTQ), a pipe's capacity less what it holds
 // (F_GETPIPE_SZ - FIONREAD); -ENOTSUP for other kinds.
 int64_t cshims_fd_write_space(int fd, uint32_t type);
+// Whether `fd` is readable right now (poll(2) with a zero timeout): 1 if
+// readable or hung up, 0 if not.
+int cshims_fd_readable_now(int fd);
 // The file offset (lseek(2) SEEK_CUR).
 int64_t cshims_fd_offset(int fd);
 

@@ -1,10 +1,11 @@
 import Synchronization
 
-/// The watch of a read or write source: a one-shot descriptor source on a
-/// loop. When the descriptor becomes ready, the watch leaves the loop (so a
+/// The watch of a read or write source: a descriptor source on a loop that
+/// the loop does not re-arm by itself. When the descriptor becomes ready the
+/// kernel watch ends (the event layer's registrations are one-shot), so a
 /// level-triggered descriptor does not wake the loop again while the call
-/// is pending or the source suspended) and re-joins it after the handler
-/// returns; together with the source's coalescing this is level-triggered
+/// is pending or the source suspended; it is re-armed after the handler
+/// returns. Together with the source's coalescing this is level-triggered
 /// delivery without a flood and without concurrent calls.
 ///
 /// A regular file or a directory cannot be waited on (epoll refuses it;
@@ -44,12 +45,9 @@ final class DescriptorWatch: SourceWatch, @unchecked Sendable {
             return
         }
         let made = LoopSource(
-            descriptor: descriptor, interest: writing ? .writable : .readable,
+            descriptor: descriptor, interest: writing ? .writable : .readable, rearmsManually: true,
             failed: { _, error in source.fail(.watchFailed(error)) }
-        ) { [weak self] _, _ in
-            self?.disarm()
-            source.noteEvent()
-        }
+        ) { _, _ in source.noteEvent() }
         lock.withLock {
             guard !stopped else { return }
             loopSource = made
@@ -64,7 +62,13 @@ final class DescriptorWatch: SourceWatch, @unchecked Sendable {
         for mode in modes { loop.add(source, forMode: mode) }
     }
 
-    private func disarm() {
+    private func rearm() {
+        let (source, place) = lock.withLock { (loopSource, self.place) }
+        guard let source, let (loop, _) = place else { return }
+        loop.rearm(source)
+    }
+
+    private func leave() {
         let (source, place) = lock.withLock { (loopSource, self.place) }
         guard let source, let (loop, modes) = place else { return }
         for mode in modes { loop.remove(source, forMode: mode) }
@@ -83,6 +87,13 @@ final class DescriptorWatch: SourceWatch, @unchecked Sendable {
             available = 1
         } else {
             available = EventSourceCalls.readableBytes(descriptor) ?? 1
+            // Nothing queued: end of file if the descriptor still polls
+            // readable (a hang-up); otherwise a report that an earlier call
+            // already consumed (a move between loops), with nothing to say.
+            if available == 0 && !EventSourceCalls.isReadableNow(descriptor) {
+                rearm()
+                return nil
+            }
         }
         if available == 0 { atEnd.store(true, ordering: .relaxed) }
         return UInt64(available)
@@ -93,13 +104,13 @@ final class DescriptorWatch: SourceWatch, @unchecked Sendable {
         if alwaysReady {
             source.noteEvent()
         } else {
-            arm()
+            rearm()
         }
     }
 
     func move(for source: EventSource, to loop: ThreadLoop, modes: [LoopMode]) {
         if alwaysReady { return }
-        disarm()
+        leave()
         lock.withLock { if !stopped { place = (loop, modes) } }
         if !atEnd.load(ordering: .relaxed) { arm() }
     }

@@ -41,6 +41,9 @@ enum EventSourceCalls {
         return n < 0 ? nil : n
     }
 
+    /// Whether `fd` is readable (or hung up) right now; false on error.
+    static func isReadableNow(_ fd: Int32) -> Bool { cshims_fd_readable_now(fd) == 1 }
+
     static func offset(_ fd: Int32) -> Int64? {
         let n = cshims_fd_offset(fd)
         return n < 0 ? nil : n

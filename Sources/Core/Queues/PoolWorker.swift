@@ -31,12 +31,26 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     private var nextSlot: WorkUnit?
     private var slotRuns = 0
     private static let slotLimit = 16
+    /// State of the xorshift generator that picks the first victim of a
+    /// steal. `Int.random` would read the system generator, a `getrandom`
+    /// system call per steal attempt (measured: one per event-source
+    /// handler call). Owner thread only; never 0.
+    private var stealSeed: UInt64
 
     init(pool: WorkerPool) {
         self.pool = pool
         localCount = local.publishedCount
         parkWord = allocateStableWords(byteCount: 4).assumingMemoryBound(to: UInt32.self)
         stealBuffer = .allocate(capacity: Self.stealLimit)
+        stealSeed = UInt64(UInt(bitPattern: parkWord)) | 1
+    }
+
+    /// The next first victim of a steal among `count` workers (xorshift64).
+    private func nextVictim(_ count: Int) -> Int {
+        stealSeed ^= stealSeed << 13
+        stealSeed ^= stealSeed >> 7
+        stealSeed ^= stealSeed << 17
+        return Int(stealSeed % UInt64(count))
     }
 
     deinit {
@@ -158,7 +172,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     private func steal() -> WorkUnit? {
         let all = pool.workerSnapshot()
         guard all.count > 1 else { return nil }
-        let start = Int.random(in: 0..<all.count)
+        let start = nextVictim(all.count)
         for i in 0..<all.count {
             let victim = all[(start + i) % all.count]
             if victim === self || AtomicMemory.load(from: victim.localCount, ordering: .sequentiallyConsistent) == 0 { continue }

@@ -67,6 +67,10 @@ public final class LoopSource: @unchecked Sendable {
     let onPerform: (@Sendable (LoopSource) -> Void)?
     let onReady: (@Sendable (LoopSource, Readiness) -> Void)?
     let onFailure: ((LoopSource, DescriptorWatchError) -> Void)?
+    /// A descriptor source the loop does not re-arm after its handler:
+    /// whoever handles the readiness elsewhere calls `ThreadLoop.rearm(_:)`
+    /// when done (event sources, whose handlers run on other threads, later).
+    let rearmsManually: Bool
 
     /// Held briefly, never while calling out; a loop takes it while holding
     /// its own lock (loop first, then source), never the other way round.
@@ -141,6 +145,7 @@ public final class LoopSource: @unchecked Sendable {
         onPerform = perform
         onReady = nil
         onFailure = nil
+        rearmsManually = false
     }
 
     /// A descriptor source: `handler` runs on the loop thread each time `fd`
@@ -158,8 +163,19 @@ public final class LoopSource: @unchecked Sendable {
     /// `handler` is `@Sendable`: the source may be in loops of several
     /// threads, which run it at once. `failed` is `sending`: it runs at most
     /// once, so it may own what it captures.
-    public init(
+    public convenience init(
         descriptor fd: Int32, interest: Readiness = .readable, order: Int = 0,
+        failed: sending ((LoopSource, DescriptorWatchError) -> Void)? = nil,
+        _ handler: @escaping @Sendable (LoopSource, Readiness) -> Void
+    ) {
+        self.init(descriptor: fd, interest: interest, order: order, rearmsManually: false, failed: failed, handler)
+    }
+
+    /// A descriptor source; with `rearmsManually`, the loop watches the
+    /// descriptor again only after `ThreadLoop.rearm(_:)`, not after each
+    /// handler call.
+    init(
+        descriptor fd: Int32, interest: Readiness = .readable, order: Int = 0, rearmsManually: Bool,
         failed: sending ((LoopSource, DescriptorWatchError) -> Void)? = nil,
         _ handler: @escaping @Sendable (LoopSource, Readiness) -> Void
     ) {
@@ -174,6 +190,7 @@ public final class LoopSource: @unchecked Sendable {
         onPerform = nil
         onReady = handler
         onFailure = failed
+        self.rearmsManually = rearmsManually
     }
 
     /// Whether the source can still fire. Takes the source's lock briefly.

@@ -280,6 +280,17 @@ public final class ThreadLoop: @unchecked Sendable {
         registry.deregister(token)
     }
 
+    /// Watches the descriptor of `source` (made with `rearmsManually`) again
+    /// after its readiness was handled. Any thread: on another, wakes the
+    /// loop so that it tells the kernel (io_uring can only be driven by the
+    /// loop's thread). Nothing if the source is not in this loop.
+    func rearm(_ source: LoopSource) {
+        let token = lock.withLock { descriptorTokens[ObjectIdentifier(source)] }
+        guard let token else { return }
+        registry.rearm(token)
+        if !isCurrent { wakeUp() }
+    }
+
     /// Whether `source` is in `mode` (for `.common`: was added to `.common`
     /// and not removed from it). Takes the loop's lock briefly.
     public func contains(_ source: LoopSource, inMode mode: LoopMode) -> Bool {
@@ -627,7 +638,7 @@ public final class ThreadLoop: @unchecked Sendable {
             source.onReady?(source, readiness)
             // Re-armed only if still registered: a no-op once the handler
             // invalidated the source (or it left the loop).
-            registry.rearm(token)
+            if !source.rearmsManually { registry.rearm(token) }
         }
         return !ready.isEmpty
     }
