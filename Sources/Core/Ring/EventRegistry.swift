@@ -89,6 +89,11 @@ package final class EventRegistry: @unchecked Sendable {
     /// Whether some descriptor has a watch that has not reported: then a
     /// wait must sleep in the kernel, not on the wake word.
     private var pendingWatches = 0
+    /// Whether the owner's last wait found no watch in the kernel and so may
+    /// be sleeping on the wake word, where a watch made by another thread
+    /// (`rearmNow`) would not reach it. Set and read under `lock`; a stale
+    /// true costs one wake.
+    private var ownerMaySleepOnWakeWord = true
     /// Owner thread only: the backend's reports of the current wait.
     private var completions: [KernelCompletion] = []
 
@@ -161,6 +166,28 @@ package final class EventRegistry: @unchecked Sendable {
             r.armed = true
             registrations[token] = r
             markDirty(r.fd)
+        }
+    }
+
+    /// Arms `token` again after it was reported and, on epoll (whose
+    /// `epoll_ctl` any thread may call), tells the kernel at once, so that an
+    /// owner asleep in the kernel sees the descriptor without being woken.
+    /// Returns whether the change still needs the owner: always on io_uring
+    /// (only its owner thread submits), and on epoll when the owner may be
+    /// asleep on the wake word rather than in the kernel. A caller on
+    /// another thread then calls `wake()`. Any thread; a no-op (false) for a
+    /// registration that is armed or gone.
+    package func rearmNow(_ token: UInt64) -> Bool {
+        lock.withLock {
+            guard var r = registrations[token], !r.armed else { return false }
+            r.armed = true
+            registrations[token] = r
+            guard backend.kind == .epoll else {
+                markDirty(r.fd)
+                return true
+            }
+            reconcile(r.fd)
+            return ownerMaySleepOnWakeWord
         }
     }
 
@@ -265,6 +292,7 @@ package final class EventRegistry: @unchecked Sendable {
                 events += failures
                 failures.removeAll()
             }
+            ownerMaySleepOnWakeWord = pendingWatches == 0
             return (failed, pendingWatches > 0)
         }
         var timeout = failed ? 0 : timeoutNanoseconds(until: deadline)

@@ -281,14 +281,14 @@ public final class ThreadLoop: @unchecked Sendable {
     }
 
     /// Watches the descriptor of `source` (made with `rearmsManually`) again
-    /// after its readiness was handled. Any thread: on another, wakes the
-    /// loop so that it tells the kernel (io_uring can only be driven by the
-    /// loop's thread). Nothing if the source is not in this loop.
+    /// after its readiness was handled. Any thread. On epoll the kernel is
+    /// told at once; on io_uring (driven only by the loop's thread), or when
+    /// the loop may be asleep outside the kernel, a call from another thread
+    /// wakes the loop. Nothing if the source is not in this loop.
     func rearm(_ source: LoopSource) {
         let token = lock.withLock { descriptorTokens[ObjectIdentifier(source)] }
         guard let token else { return }
-        registry.rearm(token)
-        if !isCurrent { wakeUp() }
+        if registry.rearmNow(token) && !isCurrent { wakeUp() }
     }
 
     /// Whether `source` is in `mode` (for `.common`: was added to `.common`
