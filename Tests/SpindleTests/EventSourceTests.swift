@@ -91,6 +91,54 @@ struct EventSourceTests {
         #expect(after[before] >= 10, "the firings missed while suspended: \(after)")
     }
 
+    /// 200 one-shot timers on queues (so in the reactor's one timer heap),
+    /// due 1–50 ms from now with leeways of 0–2 ms: each fires once, never
+    /// before its due time.
+    @Test func queueTimersFireOnceEachNeverEarly() {
+        let queue = WorkQueue(label: "es.timers", kind: .concurrent)
+        let early = LockedValue(0)
+        let fired = Semaphore(value: 0)
+        var sources: [EventSource] = []
+        var generator = SplitMix(state: 18)
+        for _ in 0..<200 {
+            let due = MonotonicClock.now.advanced(by: .microseconds(Int64(1000 + generator.next() % 49_000)))
+            let leeway = Duration.microseconds(Int64(generator.next() % 2000))
+            let timer = EventSource.timer(start: .monotonic(due), interval: nil, leeway: leeway, on: .queue(queue))
+            timer.setEventHandler { s in
+                if MonotonicClock.now < due || s.data != 1 { early.withLock { $0 += 1 } }
+                fired.signal()
+            }
+            timer.activate()
+            sources.append(timer)
+        }
+        for _ in 0..<200 { #expect(fired.wait(timeout: .seconds(10))) }
+        sleepBriefly()
+        #expect(!fired.tryWait(), "a one-shot timer fired twice")
+        #expect(early.withLock { $0 } == 0)
+        for s in sources { s.cancel() }
+    }
+
+    /// A wall-clock timer (Listing 4-1's shape): first firing at once, then
+    /// every interval, each after its wall-clock due time.
+    @Test func wallClockTimerKeepsItsSchedule() {
+        let queue = WorkQueue(label: "es.wall")
+        let start = WallClock.now
+        let timer = EventSource.timer(start: .wall(start), interval: .milliseconds(5), on: .queue(queue))
+        let firings = LockedValue<[(WallClock.Instant, UInt64)]>([])
+        let done = Semaphore(value: 0)
+        timer.setEventHandler { s in
+            let n = firings.withLock { $0.append((WallClock.now, s.data)); return $0.count }
+            if n == 5 { s.cancel(); done.signal() }
+        }
+        timer.activate()
+        #expect(done.wait(timeout: .seconds(10)))
+        var total: UInt64 = 0
+        for (at, data) in firings.withLock({ $0 }) {
+            total += data
+            #expect(at >= start.advanced(by: .milliseconds(5 * Int64(total - 1))), "fired early: \(at) for firing \(total)")
+        }
+    }
+
     @Test func readSourceReportsBytesThenEndOfFileOnce() throws {
         var fds: [Int32] = [0, 0]
         #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &fds) == 0)

@@ -47,5 +47,6 @@ enum EventReactor {
         thread = nil
         SignalWatch.Registry.shared.childAfterFork()
         FileSystemWatch.Registry.shared.childAfterFork()
+        TimerQueue.shared.childAfterFork()
     }
 }

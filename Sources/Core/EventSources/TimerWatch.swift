@@ -1,16 +1,21 @@
-/// The watch of a timer source: a `LoopTimer` in its loop's ordered timer
-/// structure (one kernel timeout per loop for all its timers).
+/// The watch of a timer source. It keeps the schedule (start + n ×
+/// interval, on the monotonic or the wall clock) and counts the due times
+/// that have passed at each firing, so missed periods merge into one call
+/// whose data says how many.
 ///
-/// A monotonic schedule is one repeating `LoopTimer`, which keeps to
-/// start + n × interval and fires once for periods it missed; the watch
-/// counts those periods from the schedule it keeps itself. A wall-clock
-/// schedule is a chain of one-shot `LoopTimer`s, each translated from the
-/// next wall-clock due time to the monotonic clock when it is made, and
-/// checked against the wall clock when it fires (if the system time went
-/// back, it waits again: never early).
+/// - For a source on a work queue, the timer is an entry in the reactor's
+///   `TimerQueue` (one heap behind one kernel timeout for all of them).
+/// - For a source on a run loop, it lives in that loop's own timers, so
+///   that it fires only in the loop's modes: a monotonic schedule is one
+///   repeating `LoopTimer` (which keeps start + n × interval itself); a
+///   wall-clock one is a chain of one-shot `LoopTimer`s.
+///
+/// A wall-clock due time is translated to the monotonic clock when it is
+/// scheduled, and checked against the wall clock when it fires: if the
+/// system time went back, it is scheduled again (never early). A change of
+/// the system time is noticed at the next firing, not at once.
 final class TimerWatch: SourceWatch, @unchecked Sendable {
-    // @unchecked: `timer`, `stopped`, `generation` and `due` are guarded by
-    // `lock`; the rest is immutable.
+    // @unchecked: everything mutable is guarded by `lock`.
 
     let start: EventSource.TimerStart
     let interval: Duration?
@@ -18,10 +23,12 @@ final class TimerWatch: SourceWatch, @unchecked Sendable {
     private let period: Int64?
 
     private let lock = GuardLock()
+    private weak var source: EventSource?
     private var timer: LoopTimer?
     private var stopped = false
-    /// Bumped by `move`: a wall-clock chain of an older generation ends.
-    private var generation = 0
+    /// Bumped by each start (and so by `move`) and by `stop`: timers and
+    /// queue entries of an older arming fire no more.
+    private var arming = 0
     /// The next due time, in nanoseconds on the schedule's clock; `.max`
     /// once a one-shot has fired.
     private var due: Int64
@@ -42,59 +49,103 @@ final class TimerWatch: SourceWatch, @unchecked Sendable {
         return false
     }
 
+    /// The schedule clock's current time.
+    private func now() -> Int64 {
+        isWall ? Self.nanoseconds(WallClock.now) : MonotonicClock.now.nanoseconds
+    }
+
+    /// `due` on the monotonic clock. Under `lock`.
+    private func monotonicDue() -> Int64 {
+        isWall ? Self.wallInstant(due).monotonicInstant.nanoseconds : due
+    }
+
     /// How many due times have passed at `now` (0 if none yet), moving the
-    /// next due time past `now` (start + n × interval).
+    /// next due time past `now` (start + n × interval). Under `lock`.
     private func consume(now: Int64) -> UInt64 {
-        lock.withLock {
-            guard now >= due else { return 0 }
-            guard let period else {
-                due = .max
-                return 1
-            }
-            let periods = (now - due) / period + 1
-            let (step, o1) = periods.multipliedReportingOverflow(by: period)
-            let (next, o2) = due.addingReportingOverflow(step)
-            due = o1 || o2 ? .max : next
-            return UInt64(periods)
+        guard now >= due else { return 0 }
+        guard let period else {
+            due = .max
+            return 1
         }
+        let periods = (now - due) / period + 1
+        let (step, o1) = periods.multipliedReportingOverflow(by: period)
+        let (next, o2) = due.addingReportingOverflow(step)
+        due = o1 || o2 ? .max : next
+        return UInt64(periods)
     }
 
     func start(for source: EventSource, on loop: ThreadLoop, modes: [LoopMode]) {
-        let state: (generation: Int, due: Int64)? = lock.withLock { stopped ? nil : (generation, due) }
-        guard let state, state.due != .max else { return }
-        if isWall {
-            armWall(for: source, generation: state.generation, on: loop, modes: modes)
+        let arming: Int? = lock.withLock { () -> Int? in
+            guard !stopped else { return nil }
+            self.source = source
+            self.arming += 1
+            return due == .max ? nil : self.arming
+        }
+        guard let arming else { return }
+        if loop === EventReactor.loop {
+            scheduleInQueue(arming: arming)
+        } else if isWall {
+            armWall(arming: arming, on: loop, modes: modes)
         } else {
+            let first = lock.withLock { due }
             let made = LoopTimer(
-                fireAt: MonotonicClock.Instant(nanoseconds: state.due), interval: interval, tolerance: leeway
-            ) { [weak self] _ in
-                guard let self else { return }
-                source.add(self.consume(now: MonotonicClock.now.nanoseconds))
-            }
-            install(made, generation: state.generation, on: loop, modes: modes)
+                fireAt: MonotonicClock.Instant(nanoseconds: first), interval: interval, tolerance: leeway
+            ) { [weak self] _ in self?.fire(arming: arming) }
+            install(made, arming: arming, on: loop, modes: modes)
         }
     }
 
-    /// One link of a wall-clock chain: a one-shot timer at the monotonic
-    /// translation of the next due time; when it fires, the firings due by
-    /// the wall clock are counted (none if the clock went back) and the next
-    /// link is made.
-    private func armWall(for source: EventSource, generation: Int, on loop: ThreadLoop, modes: [LoopMode]) {
-        let due: Int64? = lock.withLock {
-            stopped || generation != self.generation || self.due == .max ? nil : self.due
+    // MARK: On the reactor's queue
+
+    private func scheduleInQueue(arming: Int) {
+        let latest: Int64? = lock.withLock {
+            guard !stopped, arming == self.arming, due != .max else { return nil }
+            let (sum, overflow) = monotonicDue().addingReportingOverflow(leeway.nanosecondsSaturating)
+            return overflow ? .max : sum
         }
-        guard let due else { return }
-        let made = LoopTimer(fireAt: Self.wallInstant(due).monotonicInstant, tolerance: leeway) { [weak self] _ in
-            guard let self else { return }
-            source.add(self.consume(now: Self.nanoseconds(WallClock.now)))
-            self.armWall(for: source, generation: generation, on: loop, modes: modes)
-        }
-        install(made, generation: generation, on: loop, modes: modes)
+        guard let latest else { return }
+        TimerQueue.shared.schedule(self, latest: latest, arming: arming)
     }
 
-    private func install(_ made: LoopTimer, generation: Int, on loop: ThreadLoop, modes: [LoopMode]) {
+    /// The reactor's `TimerQueue` reached this watch's entry.
+    func fireFromQueue(arming: Int) {
+        guard fire(arming: arming) else { return }
+        scheduleInQueue(arming: arming)
+    }
+
+    /// Counts the due times passed and hands them to the source. Returns
+    /// whether the arming is still current (so the next firing should be
+    /// scheduled).
+    @discardableResult
+    private func fire(arming: Int) -> Bool {
+        let (count, source): (UInt64, EventSource?) = lock.withLock {
+            guard !stopped, arming == self.arming else { return (0, nil) }
+            return (consume(now: now()), self.source)
+        }
+        guard let source else { return false }
+        source.add(count)
+        return true
+    }
+
+    // MARK: On a run loop
+
+    /// One link of a wall-clock chain on a loop: a one-shot timer at the
+    /// monotonic translation of the next due time.
+    private func armWall(arming: Int, on loop: ThreadLoop, modes: [LoopMode]) {
+        let fireAt: Int64? = lock.withLock {
+            stopped || arming != self.arming || due == .max ? nil : monotonicDue()
+        }
+        guard let fireAt else { return }
+        let made = LoopTimer(fireAt: MonotonicClock.Instant(nanoseconds: fireAt), tolerance: leeway) { [weak self] _ in
+            guard let self, self.fire(arming: arming) else { return }
+            self.armWall(arming: arming, on: loop, modes: modes)
+        }
+        install(made, arming: arming, on: loop, modes: modes)
+    }
+
+    private func install(_ made: LoopTimer, arming: Int, on loop: ThreadLoop, modes: [LoopMode]) {
         let current: Bool = lock.withLock {
-            guard !stopped, generation == self.generation else { return false }
+            guard !stopped, arming == self.arming else { return false }
             timer = made
             return true
         }
@@ -102,9 +153,10 @@ final class TimerWatch: SourceWatch, @unchecked Sendable {
         for mode in modes { loop.add(made, forMode: mode) }
     }
 
+    // MARK: Moving and stopping
+
     func move(for source: EventSource, to loop: ThreadLoop, modes: [LoopMode]) {
         let old: LoopTimer? = lock.withLock {
-            generation += 1
             defer { timer = nil }
             return timer
         }
@@ -115,6 +167,7 @@ final class TimerWatch: SourceWatch, @unchecked Sendable {
     func stop() {
         let old: LoopTimer? = lock.withLock {
             stopped = true
+            arming += 1
             defer { timer = nil }
             return timer
         }
