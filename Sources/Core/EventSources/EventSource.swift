@@ -97,6 +97,8 @@ public final class EventSource: @unchecked Sendable, CustomStringConvertible {
         var cancelHandler: (@Sendable (EventSource) -> Void)?
         var registrationHandler: (@Sendable (EventSource) -> Void)?
         var activated = false
+        /// The cancel call has run: nothing may hold the source alive again.
+        var finished = false
         /// The active source's hold on itself, from activation until its
         /// cancel call has run.
         var keepAlive: EventSource?
@@ -258,7 +260,9 @@ public final class EventSource: @unchecked Sendable, CustomStringConvertible {
         let (first, target, registration): (Bool, Target, Bool) = lock.withLock {
             guard !guarded.activated else { return (false, guarded.target, false) }
             guarded.activated = true
-            guarded.keepAlive = self
+            // A source cancelled before activation never holds itself: its
+            // cancel call may have run already.
+            if !guarded.finished && !isCancelled { guarded.keepAlive = self }
             return (true, guarded.target, guarded.registrationHandler != nil)
         }
         guard first else { return }
@@ -430,7 +434,10 @@ public final class EventSource: @unchecked Sendable, CustomStringConvertible {
             watch?.finish()
             // The last reference may go here; nothing of `self` is used after.
             let keptAlive = lock.withLock {
-                defer { guarded.keepAlive = nil }
+                defer {
+                    guarded.keepAlive = nil
+                    guarded.finished = true
+                }
                 return guarded.keepAlive
             }
             _ = keptAlive

@@ -22,6 +22,9 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
     fileprivate var links: UInt64
     fileprivate weak var source: EventSource?
     fileprivate var registered = false
+    /// Set by `stop`: a `start` that comes after it (a cancel racing the
+    /// activation) registers nothing.
+    fileprivate var stopped = false
 
     init(descriptor: Int32, events: EventSource.FileEvents) throws(EventSourceError) {
         require(descriptor >= 0, "EventSource.fileSystemObject: `descriptor` is \(descriptor); it must be an open descriptor")
@@ -93,6 +96,7 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
             let reactor = EventReactor.loop
             lock.lock()
             defer { lock.unlock() }
+            guard !watch.stopped else { return }
             if inotify < 0 {
                 let fd = try EventSourceCalls.inotify()
                 let made = LoopSource(descriptor: fd) { [unowned self] _, _ in self.deliver() }
@@ -110,6 +114,7 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
         func remove(_ watch: FileSystemWatch) {
             lock.lock()
             defer { lock.unlock() }
+            watch.stopped = true
             guard watch.registered else { return }
             watch.registered = false
             guard var list = byWatch[watch.wd] else { return }

@@ -14,6 +14,9 @@ final class ProcessWatch: SourceWatch, @unchecked Sendable {
     private let lock = GuardLock()
     private var loopSource: LoopSource?
     private var closed = false
+    /// Set by `stop`: a later `start` (a cancel racing the activation)
+    /// watches nothing.
+    private var stopped = false
 
     init(pid: Int32, events: EventSource.ProcessEvents) throws(EventSourceError) {
         let unobservable = events.subtracting(.exit)
@@ -38,7 +41,7 @@ final class ProcessWatch: SourceWatch, @unchecked Sendable {
             source.or(EventSource.ProcessEvents.exit.rawValue)
         }
         let fresh: Bool = lock.withLock {
-            guard !closed, loopSource == nil else { return false }
+            guard !closed, !stopped, loopSource == nil else { return false }
             loopSource = made
             return true
         }
@@ -58,6 +61,7 @@ final class ProcessWatch: SourceWatch, @unchecked Sendable {
 
     func stop() {
         let old: LoopSource? = lock.withLock {
+            stopped = true
             defer { loopSource = nil }
             return loopSource
         }

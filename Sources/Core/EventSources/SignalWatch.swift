@@ -21,6 +21,9 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
     fileprivate var seen: UInt64 = 0
     fileprivate weak var source: EventSource?
     fileprivate var registered = false
+    /// Set by `stop`: a `start` that comes after it (a cancel racing the
+    /// activation) registers nothing.
+    fileprivate var stopped = false
 
     init(signal: Int32) { self.signal = signal }
 
@@ -65,6 +68,7 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
             let reactor = EventReactor.loop
             lock.lock()
             defer { lock.unlock() }
+            guard !watch.stopped else { return }
             if eventfd < 0 {
                 let fd = try EventSourceCalls.eventfd()
                 let made = LoopSource(descriptor: fd) { [unowned self] _, _ in self.deliver() }
@@ -84,6 +88,7 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
         func remove(_ watch: SignalWatch) {
             lock.lock()
             defer { lock.unlock() }
+            watch.stopped = true
             guard watch.registered else { return }
             watch.registered = false
             watches[watch.signal]?.removeAll { $0 === watch }
