@@ -179,6 +179,15 @@ extension EventSource {
     /// standard signal that arrive while one is already pending become one;
     /// real-time signals queue and are all counted.
     ///
+    /// The observer never fights the program for the signal: a disposition
+    /// the program sets after the first source started replaces the
+    /// observer (the sources then see nothing) and is left in place when
+    /// they are cancelled; a signal the program blocks in every thread (to
+    /// take it with `sigwait` or `signalfd`) stays the program's, and the
+    /// sources see no deliveries. In a child after `fork()` the observer
+    /// stays installed and keeps doing what the saved disposition meant;
+    /// the parent's sources are not the child's.
+    ///
     /// - Throws: `EventSourceError.signalNotObservable` for SIGKILL and
     ///   SIGSTOP (uncatchable), SIGILL, SIGBUS, SIGSEGV and SIGFPE (faults
     ///   of the thread that raised them), 32 and 33 (the C library's own),
