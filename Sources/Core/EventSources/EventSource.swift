@@ -100,6 +100,9 @@ public final class EventSource: @unchecked Sendable, CustomStringConvertible {
         /// The active source's hold on itself, from activation until its
         /// cancel call has run.
         var keepAlive: EventSource?
+        /// The cancel call has let go of `keepAlive`: an activation after
+        /// it must not take the hold again.
+        var finished = false
         var failure: EventSourceError?
         var exitStatus: ExitStatus?
     }
@@ -258,7 +261,7 @@ public final class EventSource: @unchecked Sendable, CustomStringConvertible {
         let (first, target, registration): (Bool, Target, Bool) = lock.withLock {
             guard !guarded.activated else { return (false, guarded.target, false) }
             guarded.activated = true
-            guarded.keepAlive = self
+            if !guarded.finished { guarded.keepAlive = self }
             return (true, guarded.target, guarded.registrationHandler != nil)
         }
         guard first else { return }
@@ -430,7 +433,7 @@ public final class EventSource: @unchecked Sendable, CustomStringConvertible {
             watch?.finish()
             // The last reference may go here; nothing of `self` is used after.
             let keptAlive = lock.withLock {
-                defer { guarded.keepAlive = nil }
+                defer { guarded.keepAlive = nil; guarded.finished = true }
                 return guarded.keepAlive
             }
             _ = keptAlive
