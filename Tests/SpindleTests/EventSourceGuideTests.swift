@@ -605,18 +605,29 @@ struct EventSourceGuideTests {
         }
         #expect(ranOn.withLock { $0 } == ["read 0", "data 0 1", "read 1", "data 1 2", "read 2", "data 2 3"])
 
-        // A call queued on a blocked queue before the change runs there.
+        // A call queued on a blocked queue before the change runs there. A
+        // fresh source, so that no earlier call is still finishing (a merge
+        // during a call is submitted when that call ends, to the target of
+        // that moment: E18 lets it run on either).
         if kind == .queue, let blocked = first.queue {
-            adder.setTarget(first.target)
+            let late = EventSource.data(.add, on: first.target)
+            late.setEventHandler { s in
+                ranOn.withLock { $0.append("data \(where_()) \(s.data)") }
+                ran.signal()
+            }
+            late.activate()
             let release = Semaphore(value: 0)
             blocked.async { _ = release.wait(timeout: .seconds(10)) }
-            adder.merge(data: 10)          // queued behind the blocking item
-            adder.setTarget(second.target)
+            late.merge(data: 10)           // queued behind the blocking item
+            late.setTarget(second.target)
             release.signal()
             #expect(ran.wait(timeout: .seconds(10)))
-            adder.merge(data: 20)
+            // The first call has ended once its queue runs the next item.
+            blocked.sync {}
+            late.merge(data: 20)
             #expect(ran.wait(timeout: .seconds(10)))
             #expect(ranOn.withLock { Array($0.suffix(2)) } == ["data 0 10", "data 1 20"])
+            late.cancel()
         }
         reader.cancel()
         adder.cancel()
