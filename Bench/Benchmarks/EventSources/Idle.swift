@@ -1,0 +1,169 @@
+// Idle cost: 10^4 active sources that never fire, a third each of data add
+// sources (never merged into), timers due in an hour (repeating hourly) and
+// read sources on idle socketpairs (nothing is ever written). One
+// iteration makes them, lets them settle for 0.2 s, takes the process's
+// resident memory before and after (memory per source = RSS delta / 10^4;
+// socket buffers are kernel memory and not in it), then measures the
+// process's CPU time over 1 s of idleness, and cancels and closes
+// everything. The row's time (timePerOperation) is that CPU time in the
+// 1 s window (the whole process: the reactor, loop and pool threads, and
+// Dispatch's); the memory is printed on stderr as
+// "sources.idle/<row>: ...", one line per iteration. Spindle on a WorkQueue
+// and on a ThreadLoop, beside the same sources in Dispatch (the reference).
+import Benchmark
+import BenchSupport
+import Dispatch
+import Foundation
+import Spindle
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+let idleSources = 10_000
+
+/// The kind of the `i`th idle source: data, timer, read, in turn.
+enum IdleKind {
+    case data, timer, read
+    init(_ i: Int) { self = [.data, .timer, .read][i % 3] }
+}
+
+/// One iteration of the idle measurement around `make` (which makes and
+/// activates the sources and returns how to cancel them and wait for their
+/// cancel handlers).
+func measureIdle(_ benchmark: Benchmark, _ name: String, _ make: (_ sockets: [EchoSockets]) -> () -> Void) {
+    let readCount = (0..<idleSources).filter { if case .read = IdleKind($0) { true } else { false } }.count
+    let sockets = (0..<readCount).map { _ in EchoSockets() }
+    usleep(100_000)
+    let before = residentBytes()
+    let cancel = make(sockets)
+    usleep(200_000)
+    let after = residentBytes()
+    let cpuStart = ProcessCPUTime.now
+    usleep(1_000_000)
+    let cpu = ProcessCPUTime.now - cpuStart
+    cancel()
+    for pair in sockets { pair.close() }
+    let perSource = Double(after - before) / Double(idleSources)
+    report(
+        "sources.idle/\(name): \(idleSources) sources, RSS +\((after - before) / 1024) KiB = "
+            + "\(Int(perSource.rounded())) bytes per source; CPU over 1 s idle: \(cpu.nanosecondsValue / 1000) µs")
+    print("sources.idle/\(name): bytesPerSource=\(Int(perSource.rounded())) cpuMicrosecondsPerSecond=\(cpu.nanosecondsValue / 1000)")
+    benchmark.recordTimePerOperation(elapsed: cpu, operations: 1)
+    // The harness times only what follows: its own clock would see the
+    // whole 1.5 s iteration.
+    benchmark.startMeasurement()
+}
+
+/// Makes one source of each kind and cancels it, so that what starts on
+/// first use (the reactor thread, the pool, Dispatch's manager) is running
+/// before the baseline.
+func warmUpSpindle(_ target: EventSource.Target) {
+    let pair = EchoSockets()
+    let cancelled = Counter()
+    var made: [EventSource] = [
+        EventSource.data(.add, on: target),
+        EventSource.timer(start: .monotonic(MonotonicClock.now.advanced(by: .seconds(3600))), interval: .seconds(3600), on: target),
+    ]
+    if let read = try? EventSource.read(descriptor: pair.a, on: target) { made.append(read) }
+    for source in made {
+        source.setCancelHandler { _ in cancelled.bump() }
+        source.activate()
+    }
+    for source in made { source.cancel() }
+    cancelled.wait(for: UInt32(made.count), "the warm-up sources' cancel handlers")
+    pair.close()
+}
+
+func spindleIdle(_ place: Place) -> (Benchmark) -> Void {
+    { benchmark in
+        let threads = LoopThreads()
+        let target = place.makeTarget("bench.sources.idle", threads)
+        warmUpSpindle(target)
+        measureIdle(benchmark, place.rowName) { sockets in
+            let cancelled = Counter()
+            let far = MonotonicClock.now.advanced(by: .seconds(3600))
+            var sources: [EventSource] = []
+            sources.reserveCapacity(idleSources)
+            var nextSocket = 0
+            for i in 0..<idleSources {
+                let source: EventSource
+                switch IdleKind(i) {
+                case .data:
+                    source = EventSource.data(.add, on: target)
+                case .timer:
+                    source = EventSource.timer(start: .monotonic(far), interval: .seconds(3600), on: target)
+                case .read:
+                    do {
+                        source = try EventSource.read(descriptor: sockets[nextSocket].a, on: target)
+                    } catch {
+                        failLoudly("sources.idle: cannot make a read source: \(error)")
+                    }
+                    nextSocket += 1
+                }
+                source.setEventHandler { _ in report("sources.idle: an idle source fired") }
+                source.setCancelHandler { _ in cancelled.bump() }
+                source.activate()
+                sources.append(source)
+            }
+            return {
+                for source in sources { source.cancel() }
+                cancelled.wait(for: UInt32(idleSources), patience: .seconds(30), "the idle sources' cancel handlers")
+                threads.stopAll()
+            }
+        }
+    }
+}
+
+func dispatchIdle(_ benchmark: Benchmark) {
+    let queue = DispatchQueue(label: "bench.sources.idle")
+    // Warm-up, as for Spindle.
+    do {
+        let cancelled = DispatchSemaphore(value: 0)
+        let timer = DispatchSource.makeTimerSource(queue: queue)
+        timer.schedule(deadline: .now() + .seconds(3600), repeating: .seconds(3600))
+        timer.setCancelHandler { cancelled.signal() }
+        timer.resume()
+        timer.cancel()
+        cancelled.wait()
+    }
+    measureIdle(benchmark, "DispatchSource") { sockets in
+        let cancelled = Counter()
+        var sources: [any DispatchSourceProtocol] = []
+        sources.reserveCapacity(idleSources)
+        var nextSocket = 0
+        for i in 0..<idleSources {
+            let source: any DispatchSourceProtocol
+            switch IdleKind(i) {
+            case .data:
+                source = DispatchSource.makeUserDataAddSource(queue: queue)
+            case .timer:
+                let timer = DispatchSource.makeTimerSource(queue: queue)
+                timer.schedule(deadline: .now() + .seconds(3600), repeating: .seconds(3600))
+                source = timer
+            case .read:
+                source = DispatchSource.makeReadSource(fileDescriptor: sockets[nextSocket].a, queue: queue)
+                nextSocket += 1
+            }
+            source.setEventHandler { report("sources.idle: an idle Dispatch source fired") }
+            source.setCancelHandler { cancelled.bump() }
+            source.resume()
+            sources.append(source)
+        }
+        return {
+            for source in sources { source.cancel() }
+            cancelled.wait(for: UInt32(idleSources), patience: .seconds(30), "the idle Dispatch sources' cancel handlers")
+        }
+    }
+}
+
+func idleBenchmarks() {
+    let settings = RunSettings(
+        scalingFactor: .one, maxDuration: .seconds(1), maxIterations: 2, warmupIterations: 0,
+        reportedMetrics: [.timePerOperation])
+    var rows: [Implementation] = Place.allCases.map { place in
+        Implementation(place.rowName, isReference: false, body: spindleIdle(place))
+    }
+    rows.append(.reference("DispatchSource", body: dispatchIdle))
+    sideBySide(group: "sources.idle 10000 sources CPU in 1s", settings: settings, implementations: rows)
+}
