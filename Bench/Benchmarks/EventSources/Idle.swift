@@ -7,7 +7,8 @@
 // process's CPU time over 1 s of idleness, and cancels and closes
 // everything. The row's time (timePerOperation) is that CPU time in the
 // 1 s window (the whole process: the reactor, loop and pool threads, and
-// Dispatch's); the memory is printed on stderr as
+// Dispatch's); the memory, and the CPU time of 1 s before the sources were
+// made (what the process uses idle without them), are printed on stderr as
 // "sources.idle/<row>: ...", one line per iteration. Spindle on a WorkQueue
 // and on a ThreadLoop, beside the same sources in Dispatch (the reference).
 import Benchmark
@@ -35,6 +36,11 @@ func measureIdle(_ benchmark: Benchmark, _ name: String, _ make: (_ sockets: [Ec
     let readCount = (0..<idleSources).filter { if case .read = IdleKind($0) { true } else { false } }.count
     let sockets = (0..<readCount).map { _ in EchoSockets() }
     usleep(100_000)
+    // The process's own idle CPU (the harness, the threads already
+    // started), to tell the sources' share from it.
+    let baselineStart = ProcessCPUTime.now
+    usleep(1_000_000)
+    let baseline = ProcessCPUTime.now - baselineStart
     let before = residentBytes()
     let cancel = make(sockets)
     usleep(200_000)
@@ -45,13 +51,14 @@ func measureIdle(_ benchmark: Benchmark, _ name: String, _ make: (_ sockets: [Ec
     cancel()
     for pair in sockets { pair.close() }
     let perSource = Double(after - before) / Double(idleSources)
+    // One line per iteration, in the run's log (scripts/bench's stderr).
     report(
-        "sources.idle/\(name): \(idleSources) sources, RSS +\((after - before) / 1024) KiB = "
-            + "\(Int(perSource.rounded())) bytes per source; CPU over 1 s idle: \(cpu.nanosecondsValue / 1000) µs")
-    print("sources.idle/\(name): bytesPerSource=\(Int(perSource.rounded())) cpuMicrosecondsPerSecond=\(cpu.nanosecondsValue / 1000)")
+        "sources.idle/\(name): sources=\(idleSources) rssDeltaKiB=\((after - before) / 1024) "
+            + "bytesPerSource=\(Int(perSource.rounded())) cpuMicrosecondsPerSecond=\(cpu.nanosecondsValue / 1000) "
+            + "baselineCpuMicrosecondsPerSecond=\(baseline.nanosecondsValue / 1000)")
     benchmark.recordTimePerOperation(elapsed: cpu, operations: 1)
     // The harness times only what follows: its own clock would see the
-    // whole 1.5 s iteration.
+    // whole iteration (over 2 s).
     benchmark.startMeasurement()
 }
 
