@@ -47,11 +47,14 @@ func probe(_ make: () -> LatencyProbe) -> LatencyProbe {
     return p
 }
 
-/// One event per iteration, its latency recorded as the row's time.
+/// One event per iteration, its latency recorded as the row's time; the
+/// process's CPU time per event beside it (a running mean over the run,
+/// the benchmark thread's own wait and trigger included, the same for
+/// every row of a group).
 func latencySettings() -> RunSettings {
     RunSettings(
         scalingFactor: .one, maxDuration: .seconds(2), maxIterations: 1_000, warmupIterations: 20,
-        reportedMetrics: [.timePerOperation])
+        reportedMetrics: [.timePerOperation, .cpuPerOperation])
 }
 
 // MARK: - Signals

@@ -9,7 +9,8 @@
 // submits the handler call to the pool) and on a ThreadLoop (the timer lives
 // in the loop itself), beside DispatchSource.makeTimerSource (the reference)
 // and Foundation's Timer on a RunLoop thread, as the RunLoop group measures
-// them.
+// them. The process's CPU time per firing (a running mean over the run, the
+// benchmark thread's wake-up for each firing included) is beside it.
 import Benchmark
 import BenchSupport
 import Dispatch
@@ -122,7 +123,7 @@ func measureTimer(_ benchmark: Benchmark, _ make: () -> TimerProbe) {
 func timerBenchmarks() {
     let settings = RunSettings(
         scalingFactor: .one, maxDuration: .seconds(2), maxIterations: 1_000, warmupIterations: 20,
-        reportedMetrics: [.timePerOperation])
+        reportedMetrics: [.timePerOperation, .cpuPerOperation])
     var rows: [Implementation] = Place.allCases.map { place in
         Implementation(place.rowName, isReference: false) { benchmark in
             measureTimer(benchmark) { spindleTimerProbe(place) }
