@@ -38,16 +38,20 @@ func measureIdle(_ benchmark: Benchmark, _ name: String, _ make: (_ sockets: [Ec
     usleep(100_000)
     // The process's own idle CPU (the harness, the threads already
     // started), to tell the sources' share from it.
+    let baselineSwitches = ThreadSwitches.now()
     let baselineStart = ProcessCPUTime.now
     usleep(1_000_000)
     let baseline = ProcessCPUTime.now - baselineStart
+    let baselineWakes = ThreadSwitches.now().since(baselineSwitches)
     let before = residentBytes()
     let cancel = make(sockets)
     usleep(200_000)
     let after = residentBytes()
+    let switches = ThreadSwitches.now()
     let cpuStart = ProcessCPUTime.now
     usleep(1_000_000)
     let cpu = ProcessCPUTime.now - cpuStart
+    let wakes = ThreadSwitches.now().since(switches)
     cancel()
     for pair in sockets { pair.close() }
     let perSource = Double(after - before) / Double(idleSources)
@@ -55,11 +59,44 @@ func measureIdle(_ benchmark: Benchmark, _ name: String, _ make: (_ sockets: [Ec
     report(
         "sources.idle/\(name): sources=\(idleSources) rssDeltaKiB=\((after - before) / 1024) "
             + "bytesPerSource=\(Int(perSource.rounded())) cpuMicrosecondsPerSecond=\(cpu.nanosecondsValue / 1000) "
-            + "baselineCpuMicrosecondsPerSecond=\(baseline.nanosecondsValue / 1000)")
+            + "baselineCpuMicrosecondsPerSecond=\(baseline.nanosecondsValue / 1000) "
+            + "switchesPerSecond={\(wakes)} baselineSwitchesPerSecond={\(baselineWakes)}")
     benchmark.recordTimePerOperation(elapsed: cpu, operations: 1)
     // The harness times only what follows: its own clock would see the
     // whole iteration (over 2 s).
     benchmark.startMeasurement()
+}
+
+/// Context switches per thread of the process (voluntary and not, from
+/// /proc/self/task/*/status), by thread name: who woke up, and how often.
+struct ThreadSwitches {
+    var byThread: [String: Int] = [:]
+
+    static func now() -> ThreadSwitches {
+        var result = ThreadSwitches()
+        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")) ?? []
+        for task in tasks {
+            let base = "/proc/self/task/\(task)/"
+            guard let status = try? String(contentsOfFile: base + "status", encoding: .utf8) else { continue }
+            let name = ((try? String(contentsOfFile: base + "comm", encoding: .utf8)) ?? "?")
+                .trimmingCharacters(in: .whitespacesAndNewlines)
+            var count = 0
+            for line in status.split(separator: "\n") where line.contains("ctxt_switches:") {
+                count += Int(line.split(separator: ":").last!.trimmingCharacters(in: .whitespaces)) ?? 0
+            }
+            result.byThread["\(name)#\(task)"] = count
+        }
+        return result
+    }
+
+    /// The switches since `earlier`, of threads that switched at all, as
+    /// "name#tid:count" joined by commas.
+    func since(_ earlier: ThreadSwitches) -> String {
+        byThread.compactMap { thread, count -> String? in
+            let delta = count - (earlier.byThread[thread] ?? 0)
+            return delta > 0 ? "\(thread):\(delta)" : nil
+        }.sorted().joined(separator: ",")
+    }
 }
 
 /// Makes one source of each kind and cancels it, so that what starts on
