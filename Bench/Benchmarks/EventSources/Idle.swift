@@ -1,8 +1,9 @@
 // Idle cost: 10^4 active sources that never fire, a third each of data add
 // sources (never merged into), timers due in an hour (repeating hourly) and
 // read sources on idle socketpairs (nothing is ever written). One
-// iteration makes them, lets them settle for 0.2 s, takes the process's
-// resident memory before and after (memory per source = RSS delta / 10^4;
+// iteration makes them, lets them settle for 0.2 s (and halfway through), takes the process's
+// resident memory before, halfway and after (memory per source = RSS delta
+// / 10^4, and each half's own, which a flat cost makes equal;
 // socket buffers are kernel memory and not in it), then measures the
 // process's CPU time over 1 s of idleness, and cancels and closes
 // everything. The row's time (timePerOperation) is that CPU time in the
@@ -32,7 +33,10 @@ enum IdleKind {
 /// One iteration of the idle measurement around `make` (which makes and
 /// activates the sources and returns how to cancel them and wait for their
 /// cancel handlers).
-func measureIdle(_ benchmark: Benchmark, _ name: String, _ make: (_ sockets: [EchoSockets]) -> () -> Void) {
+func measureIdle(
+    _ benchmark: Benchmark, _ name: String,
+    _ make: (_ sockets: [EchoSockets], _ halfway: () -> Void) -> () -> Void
+) {
     let readCount = (0..<idleSources).filter { if case .read = IdleKind($0) { true } else { false } }.count
     let sockets = (0..<readCount).map { _ in EchoSockets() }
     usleep(100_000)
@@ -44,7 +48,11 @@ func measureIdle(_ benchmark: Benchmark, _ name: String, _ make: (_ sockets: [Ec
     let baseline = ProcessCPUTime.now - baselineStart
     let baselineWakes = ThreadSwitches.now().since(baselineSwitches)
     let before = residentBytes()
-    let cancel = make(sockets)
+    var middle = 0
+    let cancel = make(sockets) {
+        usleep(200_000)  // as after the second half
+        middle = residentBytes()
+    }
     usleep(200_000)
     let after = residentBytes()
     let switches = ThreadSwitches.now()
@@ -55,10 +63,15 @@ func measureIdle(_ benchmark: Benchmark, _ name: String, _ make: (_ sockets: [Ec
     cancel()
     for pair in sockets { pair.close() }
     let perSource = Double(after - before) / Double(idleSources)
+    // Each half's own cost per source: flat memory makes them equal.
+    let half = Double(idleSources / 2)
+    let firstHalf = Int((Double(middle - before) / half).rounded())
+    let secondHalf = Int((Double(after - middle) / half).rounded())
     // One line per iteration, in the run's log (scripts/bench's stderr).
     report(
         "sources.idle/\(name): sources=\(idleSources) rssDeltaKiB=\((after - before) / 1024) "
-            + "bytesPerSource=\(Int(perSource.rounded())) cpuMicrosecondsPerSecond=\(cpu.nanosecondsValue / 1000) "
+            + "bytesPerSource=\(Int(perSource.rounded())) firstHalf=\(firstHalf) secondHalf=\(secondHalf) "
+            + "cpuMicrosecondsPerSecond=\(cpu.nanosecondsValue / 1000) "
             + "baselineCpuMicrosecondsPerSecond=\(baseline.nanosecondsValue / 1000) "
             + "switchesPerSecond={\(wakes)} baselineSwitchesPerSecond={\(baselineWakes)}")
     benchmark.recordTimePerOperation(elapsed: cpu, operations: 1)
@@ -124,13 +137,14 @@ func spindleIdle(_ place: Place) -> (Benchmark) -> Void {
         let threads = LoopThreads()
         let target = place.makeTarget("bench.sources.idle", threads)
         warmUpSpindle(target)
-        measureIdle(benchmark, place.rowName) { sockets in
+        measureIdle(benchmark, place.rowName) { sockets, halfway in
             let cancelled = Counter()
             let far = MonotonicClock.now.advanced(by: .seconds(3600))
             var sources: [EventSource] = []
             sources.reserveCapacity(idleSources)
             var nextSocket = 0
             for i in 0..<idleSources {
+                if i == idleSources / 2 { halfway() }
                 let source: EventSource
                 switch IdleKind(i) {
                 case .data:
@@ -171,12 +185,13 @@ func dispatchIdle(_ benchmark: Benchmark) {
         timer.cancel()
         cancelled.wait()
     }
-    measureIdle(benchmark, "DispatchSource") { sockets in
+    measureIdle(benchmark, "DispatchSource") { sockets, halfway in
         let cancelled = Counter()
         var sources: [any DispatchSourceProtocol] = []
         sources.reserveCapacity(idleSources)
         var nextSocket = 0
         for i in 0..<idleSources {
+            if i == idleSources / 2 { halfway() }
             let source: any DispatchSourceProtocol
             switch IdleKind(i) {
             case .data:
