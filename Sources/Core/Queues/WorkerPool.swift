@@ -275,7 +275,12 @@ final class WorkerPool: @unchecked Sendable {
 
     /// Every pool, in a child after `fork()`.
     static func childAfterForkAll() {
-        for pool in [standard, low, background] { pool.childAfterFork() }
+        // One by one, not through an array literal: the child must not
+        // allocate type metadata (see `ForkHandlers`), and the three pools
+        // exist already (`ForkHandlers.prepare` made them in the parent).
+        standard.childAfterFork()
+        low.childAfterFork()
+        background.childAfterFork()
     }
 
     /// In a child after `fork()`: the workers are gone (only the forking

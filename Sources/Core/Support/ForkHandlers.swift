@@ -32,8 +32,22 @@ enum ForkHandlers {
     }()
 
     private static func prepare() {
-        // Made now, in the parent, so the child never runs its initializer.
+        // Made now, in the parent, so that the child never runs an
+        // initializer: a lazy global's initializer allocates, takes the
+        // once-lock and may instantiate type metadata under the Swift
+        // runtime's lock, which another thread of the parent may hold at the
+        // fork and which nobody would ever release in the child (a child
+        // forked during such a hold hung in `WorkerPool.childAfterForkAll`,
+        // found by the 1,000-children event-source stress test).
         _ = NativeThread.main
+        _ = WorkerPool.standard
+        _ = WorkerPool.low
+        _ = WorkerPool.background
+        _ = WorkQueue.main
+        _ = DelayedWork.shared
+        _ = SignalWatch.Registry.shared
+        _ = FileSystemWatch.Registry.shared
+        _ = TimerQueue.shared
     }
 
     private static func child() {
