@@ -21,6 +21,12 @@ enum EventReactor {
         if let thread { return thread.loop }
         do {
             let started = try LoopThread.start(NativeThread.Attributes(name: "spindle.events"))
+            // Made now, in the parent: `childAfterFork` uses them, and a
+            // lazy initializer run in a forked child can wait forever on
+            // the Swift runtime's once lock if another thread of the parent
+            // held it at the fork.
+            _ = SignalWatch.Registry.shared
+            _ = FileSystemWatch.Registry.shared
             ForkHandlers.install()
             thread = started
             return started.loop
