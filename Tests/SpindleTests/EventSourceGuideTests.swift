@@ -608,6 +608,12 @@ struct EventSourceGuideTests {
         // A call queued on a blocked queue before the change runs there.
         if kind == .queue, let blocked = first.queue {
             adder.setTarget(first.target)
+            // One call on the first queue, finished (the `sync` waits for
+            // the item that ran it), so that no earlier call is still
+            // ending when the next merge arrives.
+            adder.merge(data: 1)
+            #expect(ran.wait(timeout: .seconds(10)))
+            blocked.sync {}
             let release = Semaphore(value: 0)
             blocked.async { _ = release.wait(timeout: .seconds(10)) }
             adder.merge(data: 10)          // queued behind the blocking item
