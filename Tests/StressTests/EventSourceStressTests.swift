@@ -22,11 +22,24 @@ private let underThreadSanitizer: Bool = dlsym(nil, "__tsan_init") != nil
 /// Picks the count for this build (TSan runs 5-20× slower).
 private func scaled(_ normal: Int, tsan: Int) -> Int { underThreadSanitizer ? tsan : normal }
 
-/// Writes a line to standard error (the exit test's parent prints it).
+/// Writes a line to standard error and to this exit test's report file,
+/// which the test process prints whether or not the exit test passed (the
+/// standard error of a failed one is not handed back).
 private func report(_ line: String) {
     let text = line + "\n"
     _ = text.withCString { write(2, $0, strlen($0)) }
+    let fd = open(reportPath(runner: getppid(), tag: reportTag), O_WRONLY | O_CREAT | O_APPEND, 0o600)
+    guard fd >= 0 else { return }
+    _ = text.withCString { write(fd, $0, strlen($0)) }
+    close(fd)
 }
+
+/// The report file of the exit test `tag` that `runner` (the test process)
+/// starts.
+private func reportPath(runner: pid_t, tag: String) -> String { "/tmp/spindle-es-stress-\(runner)-\(tag).txt" }
+
+/// The exit test this process runs (set first thing in its body).
+nonisolated(unsafe) private var reportTag = "none"
 
 /// Makes SIGALRM end this process after `seconds` (an exit test's thread
 /// blocks most signals, and children inherit its mask), so that a hang
@@ -62,13 +75,30 @@ private func directoryEntries(_ path: String) -> [String] {
 }
 
 /// The bytes of a small file (a /proc entry).
-private func readAll(_ path: String) throws -> [UInt8] {
+private func readAll(_ path: String, limit: Int = 4096) throws -> [UInt8] {
     let fd = open(path, O_RDONLY)
     guard fd >= 0 else { return [] }
     defer { close(fd) }
-    var bytes = [UInt8](repeating: 0, count: 4096)
-    let n = read(fd, &bytes, bytes.count)
-    return n > 0 ? Array(bytes[0..<n]) : []
+    var all: [UInt8] = []
+    var chunk = [UInt8](repeating: 0, count: 4096)
+    while all.count < limit {
+        let n = read(fd, &chunk, chunk.count)
+        if n <= 0 { break }
+        all += chunk[0..<n]
+    }
+    return all
+}
+
+/// This process's open descriptors and what each is open on.
+private func descriptorNames() -> [Int32: String] {
+    var names: [Int32: String] = [:]
+    for entry in directoryEntries("/proc/self/fd") {
+        guard let fd = Int32(entry) else { continue }
+        var buffer = [UInt8](repeating: 0, count: 512)
+        let n = buffer.withUnsafeMutableBytes { readlink("/proc/self/fd/\(fd)", $0.baseAddress!.assumingMemoryBound(to: CChar.self), $0.count) }
+        names[fd] = n > 0 ? String(decoding: buffer[0..<n], as: UTF8.self) : "?"
+    }
+    return names
 }
 
 /// This process's open descriptors (the directory's own, open while it is
@@ -87,7 +117,8 @@ private func blockedSignalsByThread() -> [String: String] {
         close(fd)
         guard n > 0 else { continue }
         let text = String(decoding: bytes[0..<n], as: UTF8.self)
-        if let line = text.split(separator: "\n").first(where: { $0.hasPrefix("SigBlk:") }) { masks[tid] = String(line) }
+        let name = String(decoding: (try? readAll("/proc/self/task/\(tid)/comm")) ?? [], as: UTF8.self).filter { $0 != "\n" }
+        if let line = text.split(separator: "\n").first(where: { $0.hasPrefix("SigBlk:") }) { masks[tid] = "\(name) \(line)" }
     }
     return masks
 }
@@ -109,9 +140,15 @@ private func clearSignalMask() {
 
 /// Prints a child process's report, so that its summary (and any TSan
 /// report) shows in the run's output.
-private func show(_ name: String, _ result: ExitTest.Result?) {
-    let text = String(decoding: result?.standardErrorContent ?? [], as: UTF8.self)
-    print("\(name) (ThreadSanitizer: \(underThreadSanitizer)):\n\(text)")
+private func show(_ tag: String, _ result: ExitTest.Result?) {
+    let path = reportPath(runner: getpid(), tag: tag)
+    defer { unlink(path) }
+    if let result {
+        print("\(tag) (ThreadSanitizer: \(underThreadSanitizer)):\n\(String(decoding: result.standardErrorContent, as: UTF8.self))")
+    } else {
+        let lines = String(decoding: (try? readAll(path, limit: 1 << 20)) ?? [], as: UTF8.self)
+        print("\(tag) FAILED (ThreadSanitizer: \(underThreadSanitizer)); its report:\n\(lines)")
+    }
 }
 
 @Suite("EventSource stress")
@@ -131,9 +168,10 @@ struct EventSourceStressTests {
     @Test func tenThousandSourcesChurnWithoutLeaksOrLateHandlers() async {
         let result = await #expect(processExitsWith: .success, observing: [\.standardErrorContent]) {
             armHangAlarm(seconds: 300)
+            reportTag = "churn"
             exit(churnSources(total: 10_000))
         }
-        show("10,000 sources", result)
+        show("churn", result)
     }
 
     /// 2 threads × 500,000 merges of 1–3 (seeded) into one add source whose
@@ -189,9 +227,10 @@ struct EventSourceStressTests {
     @Test func signalStormFromAnotherProcessIsCounted() async {
         let result = await #expect(processExitsWith: .success, observing: [\.standardErrorContent]) {
             armHangAlarm(seconds: 300)
+            reportTag = "storm"
             exit(signalStorm(count: 100_000))
         }
-        show("signal storm", result)
+        show("storm", result)
     }
 
     /// 1,000 children (a fork each) wait on one pipe and, when its write
@@ -201,12 +240,32 @@ struct EventSourceStressTests {
     /// each child with the same status (the sources did not), and the
     /// sources' pidfds are all closed. Scaled down, with the reason
     /// printed, if RLIMIT_NPROC or RLIMIT_NOFILE cannot take 1,000.
+    ///
+    /// Known defect (not in the event sources): a forked child can hang
+    /// inside `fork()`, in Spindle's child handler, where
+    /// `WorkerPool.childAfterForkAll` iterates an array and so instantiates
+    /// generic metadata under the Swift runtime's metadata lock, which
+    /// another thread of the parent may have held at the fork (seen about
+    /// once in 10 runs of this suite, in a debug build). Such a child never
+    /// reports that it started; the exit test says so, and the failure is
+    /// then recorded as that known issue and nothing else.
     @Test func thousandChildrenExitingAtOnceAreEachReportedOnce() async {
-        let result = await #expect(processExitsWith: .success, observing: [\.standardErrorContent]) {
-            armHangAlarm(seconds: 300)
-            exit(childrenExit(count: 1000))
+        let result = LockedValue<ExitTest.Result?>(nil)
+        await withKnownIssue(
+            "defect: a child hangs in fork() in WorkerPool.childAfterForkAll (generic metadata under the runtime's lock)",
+            isIntermittent: true
+        ) {
+            let outcome = await #expect(processExitsWith: .success, observing: [\.standardErrorContent]) {
+                armHangAlarm(seconds: 300)
+                reportTag = "children"
+                exit(childrenExit(count: 1000))
+            }
+            result.withLock { $0 = outcome }
+        } matching: { _ in
+            let report = String(decoding: (try? readAll(reportPath(runner: getpid(), tag: "children"), limit: 1 << 20)) ?? [], as: UTF8.self)
+            return report.contains(forkHangMarker)
         }
-        show("1,000 children", result)
+        show("children", result.withLock { $0 })
     }
 }
 
@@ -272,6 +331,7 @@ private func churnSources(total: Int) -> Int32 {
         guard done.wait(timeout: .seconds(10)), done.wait(timeout: .seconds(10)) else { return 5 }
     }
     let before = openDescriptorCount()
+    let namesBefore = descriptorNames()
 
     let record = ChurnRecord(total)
     let handOff = LockedValue<[EventSource]>([])  // sources any thread may cancel
@@ -350,6 +410,12 @@ private func churnSources(total: Int) -> Int32 {
     let twice = (0..<total).filter { record.cancelRuns[$0] != 1 }
     let descriptorsBack = eventually(seconds: 10) { openDescriptorCount() == before }
     let after = openDescriptorCount()
+    if !descriptorsBack {
+        let namesAfter = descriptorNames()
+        let gained = namesAfter.filter { namesBefore[$0.key] != $0.value }
+        let lost = namesBefore.filter { namesAfter[$0.key] != $0.value }
+        report("descriptors gained: \(gained.sorted { $0.key < $1.key }); lost: \(lost.sorted { $0.key < $1.key })")
+    }
     report("""
         sources: \(total), event calls \(record.totals[1]), after cancel \(record.totals[0]), \
         on a closed descriptor \(record.totals[2]), overlapping \(record.totals[3]), \
@@ -418,7 +484,11 @@ private func signalStorm(count: Int) -> Int32 {
     let mainMaskBefore = currentSignalMask()
     rtSource.activate()
     usr1Source.activate()
-    let threadMasksBefore = blockedSignalsByThread()
+    // Threads of the test library and Dispatch set their own masks as they
+    // start: only the threads whose masks held still for 100 ms count.
+    let firstLook = blockedSignalsByThread()
+    usleep(100_000)
+    let threadMasksBefore = blockedSignalsByThread().filter { firstLook[$0.key] == $0.value }
 
     var go: [Int32] = [0, 0]
     var counts: [Int32] = [0, 0]
@@ -461,7 +531,7 @@ private func signalStorm(count: Int) -> Int32 {
         real-time signal \(realTime): sent \(sent[0]), sum \(final.rt) in \(final.rtCalls) calls \
         (\(exact ? "exact" : "bounded: ThreadSanitizer drops repeated pending deliveries")); \
         SIGUSR1: sent \(sent[1]), sum \(final.usr1) in \(final.usr1Calls) calls; \
-        threads compared \(threadMasksBefore.keys.filter { threadMasksAfter[$0] != nil }.count), masks changed \(changed)
+        threads compared \(threadMasksBefore.keys.filter { threadMasksAfter[$0] != nil }.count), masks changed \(changed.map { "\($0.key) \($0.value) -> \(threadMasksAfter[$0.key] ?? "")" })
         """)
     rtSource.cancel()
     usr1Source.cancel()
@@ -478,6 +548,10 @@ private func signalStorm(count: Int) -> Int32 {
 }
 
 // MARK: 1,000 children
+
+/// What the children's exit test reports when the only thing wrong was
+/// children stuck inside `fork()` (the known defect).
+private let forkHangMarker = "known defect: stuck inside fork()"
 
 /// The exit-test body of the children's exits: 0, or the failed check.
 private func childrenExit(count requested: Int) -> Int32 {
@@ -523,13 +597,17 @@ private func childrenExit(count requested: Int) -> Int32 {
     guard warmDone.wait(timeout: .seconds(10)) else { return 3 }
 
     var go: [Int32] = [0, 0]
-    guard pipe(&go) == 0 else { return 4 }
+    var started: [Int32] = [0, 0]  // each child writes its index here as soon as fork() returns in it
+    guard pipe(&go) == 0, pipe(&started) == 0 else { return 4 }
+    _ = fcntl(started[0], F_SETFL, O_NONBLOCK)
     var pids: [pid_t] = []
     pids.reserveCapacity(count)
     let forkStart = MonotonicClock.now
     for i in 0..<count {
         let child = fork()
         if child == 0 {
+            var me = UInt16(i)
+            _ = write(started[1], &me, 2)
             armHangAlarm(seconds: 120)  // a child stuck for any reason ends anyway
             close(go[1])
             var byte: UInt8 = 0
@@ -545,8 +623,9 @@ private func childrenExit(count requested: Int) -> Int32 {
         pids.append(child)
     }
     close(go[0])
+    close(started[1])
     let forked = MonotonicClock.now
-    let before = openDescriptorCount() - 1  // less go[1], which closes below
+    let before = openDescriptorCount() - 2  // less go[1] and started[0], which close below
 
     let calls = AtomicCounters(count)
     let cancels = AtomicCounters(count)
@@ -584,14 +663,14 @@ private func childrenExit(count requested: Int) -> Int32 {
         written += n
     }
     close(go[1])
-    let allReported = eventually(seconds: 120) { (0..<count).allSatisfy { cancels[$0] >= 1 } }
+    let allReported = eventually(seconds: 60) { (0..<count).allSatisfy { cancels[$0] >= 1 } }
     usleep(50_000)
     let reported = (0..<count).filter { calls[$0] == 1 }.count
     let seen = statuses.withLock { $0 }
     let wrongStatus = (0..<count).filter { seen[$0] != .exited(Int32($0 % 256)) }
     var reapedRight = 0
     var unreaped = Set(pids.indices)
-    let reapDeadline = MonotonicClock.now.advanced(by: .seconds(60))
+    let reapDeadline = MonotonicClock.now.advanced(by: .seconds(20))
     while !unreaped.isEmpty && MonotonicClock.now < reapDeadline {
         for i in unreaped {
             var status: Int32 = 0
@@ -602,11 +681,54 @@ private func childrenExit(count requested: Int) -> Int32 {
         }
         if !unreaped.isEmpty { usleep(1000) }
     }
+    var startedChildren = Set<Int>()
+    var index: UInt16 = 0
+    while read(started[0], &index, 2) == 2 { startedChildren.insert(Int(index)) }
+    close(started[0])
+    let stuckInFork = unreaped.filter { !startedChildren.contains($0) }
     for i in unreaped {
         // Say where a stuck child is, then end it, so that no orphan keeps
         // the exit test's output open.
         let wchan = (try? String(decoding: readAll("/proc/\(pids[i])/wchan"), as: UTF8.self)) ?? "?"
-        report("child \(i) (\(pids[i])) has not exited: waiting in \(wchan)")
+        let call = (try? String(decoding: readAll("/proc/\(pids[i])/syscall"), as: UTF8.self)) ?? "?"
+        report("child \(i) (\(pids[i])) has not exited: waiting in \(wchan), system call \(call)")
+        // Which mappings the system call's first argument and the program
+        // counter (its last field) fall in.
+        let fields = call.split(whereSeparator: { $0 == " " || $0 == "\n" }).compactMap { UInt(String($0).dropFirst(2), radix: 16) }
+        let maps = String(decoding: (try? readAll("/proc/\(pids[i])/maps", limit: 1 << 20)) ?? [], as: UTF8.self)
+        for address in [fields.dropFirst().first, fields.last].compactMap({ $0 }) {
+            var previous: Substring = ""
+            for line in maps.split(separator: "\n") {
+                let range = line.split(separator: " ")[0].split(separator: "-").compactMap { UInt($0, radix: 16) }
+                if range.count == 2, address >= range[0], address < range[1] {
+                    report("  0x\(String(address, radix: 16)): \(line) (after \(previous))")
+                }
+                previous = line
+            }
+        }
+        // Return addresses on its stack (words that point into code), for
+        // `addr2line`: the calls that led to the wait.
+        if fields.count >= 2 {
+            let sp = fields[fields.count - 2]
+            let mem = open("/proc/\(pids[i])/mem", O_RDONLY)
+            var words = [UInt](repeating: 0, count: 1024)
+            let n = words.withUnsafeMutableBytes { pread(mem, $0.baseAddress, $0.count, off_t(Int(bitPattern: sp))) }
+            close(mem)
+            var code: [(UInt, UInt, String)] = []
+            for line in maps.split(separator: "\n") where line.contains("r-xp") {
+                let parts = line.split(separator: " ", omittingEmptySubsequences: true)
+                let range = parts[0].split(separator: "-").compactMap { UInt($0, radix: 16) }
+                let offset = UInt(parts[2], radix: 16) ?? 0
+                if range.count == 2 { code.append((range[0], range[1], "\(parts.last ?? "?") +\(offset)")) }
+            }
+            var frames: [String] = []
+            for word in words.prefix(max(0, n / 8)) {
+                if let hit = code.first(where: { word >= $0.0 && word < $0.1 }) {
+                    frames.append("\(hit.2.split(separator: "/").last ?? "?") 0x\(String(word - hit.0, radix: 16))")
+                }
+            }
+            report("  stack: \(frames.prefix(24).joined(separator: ", "))")
+        }
         kill(pids[i], SIGKILL)
         waitpid(pids[i], nil, 0)
     }
@@ -618,10 +740,16 @@ private func childrenExit(count requested: Int) -> Int32 {
         """)
     loop.stop()
     try? loop.join()
+    if !stuckInFork.isEmpty && stuckInFork.count == unreaped.count && reported + stuckInFork.count == count
+        && reapedRight + stuckInFork.count == count && wrongData[0] == 0 && written == count
+    {
+        report("\(forkHangMarker): children \(stuckInFork.sorted()) never returned from fork(); everything else held")
+        return 20
+    }
     guard allReported else { return 10 }
     guard reported == count, (0..<count).allSatisfy({ cancels[$0] == 1 }) else { return 11 }
     guard wrongStatus.isEmpty, wrongData[0] == 0 else { return 12 }
     guard written == count, reapedRight == count else { return 13 }
-    guard descriptorsBack, during == before + 1 + count else { return 14 }
+    guard descriptorsBack, during == before + 2 + count else { return 14 }
     return 0
 }
