@@ -54,6 +54,7 @@ let package = Package(
 // Each one can use Spindle, BenchSupport, package-benchmark and the peers above.
 let benchmarkFolders = [
     "Atomics", "Concurrency", "Conditions", "Jobs", "Locks", "Queues", "RunLoop", "Threads",
+    "Ports",
 ]
 
 // Peers that only some targets measure against, by folder.
