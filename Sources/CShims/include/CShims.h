@@ -9,5 +9,6 @@
 #include "cshims_uring.h"
 #include "cshims_event.h"
 #include "cshims_file.h"
+#include "cshims_ports.h"
 
 #endif // CSHIMS_H

@@ -36,6 +36,10 @@ public struct PortEnvelope: Sendable {
         case bytes([UInt8])
         /// A port the receiver can send to: in-process, the object itself.
         case port(LocalPort)
+        /// A send right to a `NamedPort`, possibly in another process; it
+        /// crosses a process boundary as a descriptor (`SCM_RIGHTS`) and
+        /// arrives as a usable `RemotePort`.
+        case remotePort(RemotePort)
 
         /// The bytes of a `.bytes` component; nil for a port.
         public var bytes: [UInt8]? {
@@ -43,9 +47,15 @@ public struct PortEnvelope: Sendable {
             return nil
         }
 
-        /// The port of a `.port` component; nil for bytes.
+        /// The port of a `.port` component; nil otherwise.
         public var port: LocalPort? {
             if case .port(let p) = self { return p }
+            return nil
+        }
+
+        /// The send right of a `.remotePort` component; nil otherwise.
+        public var remotePort: RemotePort? {
+            if case .remotePort(let p) = self { return p }
             return nil
         }
     }
