@@ -24,10 +24,17 @@
 ///
 /// ## On the receiving side
 ///
-/// The handler of the receiving port gets the envelope with `receivePort`
-/// set to the port it arrived on. `replyPort` is the port the sender asked
+/// The handler of a receiving `LocalPort` gets the envelope with
+/// `receivePort` set to that port. `replyPort` is the port the sender asked
 /// to be answered on (Cocoa reads it as the incoming message's "send
 /// port"): the guide's check-in message carries the worker's own port there.
+///
+/// Across processes (`RemotePort`, `NamedPort`) only bytes and
+/// `.remotePort` components travel: a `LocalPort` cannot leave its process
+/// (`PortError.notTransferable`), so a message to another process has no
+/// `replyPort` and arrives with no `receivePort`; answer a request by
+/// returning the reply from the `NamedPort`'s handler, or pass a send right
+/// as a component.
 public struct PortEnvelope: Sendable {
     /// One part of a message.
     public enum Component: Sendable {

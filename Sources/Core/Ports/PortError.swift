@@ -1,8 +1,10 @@
 /// Why a port could not take a message.
 public enum PortError: Error, Sendable, Hashable, CustomStringConvertible {
-    /// The receiver's queue stayed full until the send's deadline: the
-    /// receiving loop is not taking messages as fast as they come (or not
-    /// running in one of the port's modes). Nothing was queued.
+    /// The receiver had no room until the send's deadline (a `LocalPort`'s
+    /// queue, a `RemotePort`'s socket buffer): the receiving loop is not
+    /// taking messages as fast as they come, or not running in one of the
+    /// port's modes. Nothing was queued. For `RemotePort.lookup`: the
+    /// owner's loop did not accept the connection in time.
     case timedOut(after: Duration)
     /// The port was invalidated (by `invalidate()`, or because the thread
     /// whose loop received it exited) before or while the send waited.
