@@ -1,7 +1,10 @@
 // Unix-domain socket calls for NamedPort and RemotePort; see cshims_ports.h.
 #define _GNU_SOURCE
 #include <errno.h>
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <stddef.h>
 #include <string.h>
@@ -200,6 +203,80 @@ int cshims_port_duplicate(int fd) {
 
 int cshims_port_shutdown(int fd) {
     return shutdown(fd, SHUT_RDWR) < 0 ? -errno : 0;
+}
+
+static int ipv4_address(struct sockaddr_in *address, const char *host, uint16_t port) {
+    memset(address, 0, sizeof *address);
+    address->sin_family = AF_INET;
+    address->sin_port = htons(port);
+    return inet_pton(AF_INET, host, &address->sin_addr) == 1 ? 0 : -EINVAL;
+}
+
+int cshims_port_tcp_listen(const char *host, uint16_t port, int backlog, uint16_t *bound_port) {
+    struct sockaddr_in address;
+    if (ipv4_address(&address, host, port) < 0) return -EINVAL;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -errno;
+    int one = 1;
+    socklen_t size = sizeof address;
+    if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0
+        || bind(fd, (struct sockaddr *)&address, sizeof address) < 0 || listen(fd, backlog) < 0
+        || getsockname(fd, (struct sockaddr *)&address, &size) < 0) {
+        int error = errno;
+        close(fd);
+        return -error;
+    }
+    *bound_port = ntohs(address.sin_port);
+    return fd;
+}
+
+int cshims_port_tcp_connect(const char *host, uint16_t port, int64_t timeout_ns) {
+    struct sockaddr_in address;
+    if (ipv4_address(&address, host, port) < 0) return -EINVAL;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -errno;
+    int one = 1;
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (connect(fd, (struct sockaddr *)&address, sizeof address) < 0) {
+        if (errno != EINPROGRESS && errno != EINTR) {
+            int error = errno;
+            close(fd);
+            return -error;
+        }
+        if (cshims_port_poll(fd, 2, timeout_ns) != 1) {
+            close(fd);
+            return -ETIMEDOUT;
+        }
+        int error = 0;
+        socklen_t size = sizeof error;
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size) < 0) error = errno;
+        if (error != 0) {
+            close(fd);
+            return -error;
+        }
+    }
+    return fd;
+}
+
+int cshims_port_tcp_nodelay(int fd) {
+    int one = 1;
+    return setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0 ? -errno : 0;
+}
+
+ssize_t cshims_port_stream_send(int fd, const void *bytes, size_t count) {
+    ssize_t sent;
+    do {
+        sent = send(fd, bytes, count, MSG_DONTWAIT | MSG_NOSIGNAL);
+    } while (sent < 0 && errno == EINTR);
+    return sent < 0 ? -errno : sent;
+}
+
+ssize_t cshims_port_stream_receive(int fd, void *buffer, size_t capacity) {
+    ssize_t got;
+    do {
+        got = recv(fd, buffer, capacity, MSG_DONTWAIT);
+    } while (got < 0 && errno == EINTR);
+    return got < 0 ? -errno : got;
 }
 
 int cshims_port_close(int fd) {

@@ -286,11 +286,40 @@ struct NamedPortTests {
 
 private let nobody: uid_t = 65534
 
+/// Forks a child that waits for `go()` before it runs `body` (as user
+/// `nobody` if asked) and exits with its result. The parent forks before it
+/// starts any thread of its own: a child forked while another thread holds
+/// a lock (the runtime's, malloc's, a loop's) may wait for it forever.
+private func forkGated(asNobody: Bool = false, _ body: () -> Int32) -> (pid: pid_t, go: () -> Void) {
+    var gate: [Int32] = [0, 0]
+    guard pipe(&gate) == 0 else { return (-1, {}) }
+    let child = fork()
+    if child == 0 {
+        armHangAlarm(seconds: 240)  // a hang fails the test instead of stalling it
+        close(gate[1])
+        if asNobody {
+            guard setgid(nobody) == 0, setuid(nobody) == 0 else { _exit(99) }
+        }
+        var b: UInt8 = 0
+        guard read(gate[0], &b, 1) == 1 else { _exit(98) }
+        _exit(body())
+    }
+    close(gate[0])
+    let writeEnd = gate[1]
+    return (child, {
+        var b: UInt8 = 1
+        _ = write(writeEnd, &b, 1)
+        close(writeEnd)
+    })
+}
+
 private func twoProcessCheckIn() -> Int32 {
     let name = uniqueName("launcher")
     let order = LockedValue<[Int]>([])
     let checkedIn = LockedValue<RemotePort?>(nil)
     let requests = LockedValue(0)
+    let worker = forkGated { checkInWorker(launcherName: name) }
+    guard worker.pid > 0 else { return 2 }
     guard let launcher = try? Owner(
         NamedPort(name: name) { m in
             switch m.id {
@@ -308,13 +337,8 @@ private func twoProcessCheckIn() -> Int32 {
             return nil
         })
     else { return 1 }
-    let child = fork()
-    if child == 0 {
-        armHangAlarm(seconds: 60)
-        _exit(checkInWorker(launcherName: name))
-    }
-    guard child > 0 else { return 2 }
-    let status = waitFor(child)
+    worker.go()
+    let status = waitFor(worker.pid)
     guard status == 0 else { return 10 + min(status, 100) }
     guard order.withLock({ $0 }) == Array(0..<1_000) else { return 3 }
     guard requests.withLock({ $0 }) == 1 else { return 4 }
@@ -395,6 +419,22 @@ private func manySenders(processes: Int, messages: Int) -> Int32 {
     // Per sender: the next index expected, and faults seen. Loop thread only.
     let next = LockedValue([Int](repeating: 0, count: processes))
     let faults = LockedValue(0)
+    var children: [(pid: pid_t, go: () -> Void)] = []
+    for s in 0..<processes {
+        let child = forkGated {
+            guard let remote = try? RemotePort.lookup(name, timeout: .seconds(30)) else { return 1 }
+            for i in 0..<messages {
+                let m = PortEnvelope(id: 1, components: [.bytes(withUnsafeBytes(of: (UInt32(s), UInt32(i))) { Array($0) })])
+                guard (try? remote.send(m, timeout: .seconds(30))) != nil else { return 2 }
+            }
+            // A last request: its reply means every message before it was handled.
+            let end = PortEnvelope(id: 2, components: [.bytes(withUnsafeBytes(of: (UInt32(s), UInt32(messages))) { Array($0) })])
+            guard (try? remote.sendRequest(end, timeout: .seconds(30), replyTimeout: .seconds(60))) != nil else { return 3 }
+            return 0
+        }
+        guard child.pid > 0 else { return 2 }
+        children.append(child)
+    }
     guard let owner = try? Owner(
         NamedPort(name: name) { m in
             let b = m.components[0].bytes!
@@ -406,25 +446,8 @@ private func manySenders(processes: Int, messages: Int) -> Int32 {
             return m.id == 2 ? PortEnvelope(id: 2) : nil
         })
     else { return 1 }
-    var children: [pid_t] = []
-    for s in 0..<processes {
-        let child = fork()
-        if child == 0 {
-            armHangAlarm(seconds: 240)
-            guard let remote = try? RemotePort.lookup(name, timeout: .seconds(30)) else { _exit(1) }
-            for i in 0..<messages {
-                let m = PortEnvelope(id: 1, components: [.bytes(withUnsafeBytes(of: (UInt32(s), UInt32(i))) { Array($0) })])
-                guard (try? remote.send(m, timeout: .seconds(30))) != nil else { _exit(2) }
-            }
-            // A last request: its reply means every message before it was handled.
-            let end = PortEnvelope(id: 2, components: [.bytes(withUnsafeBytes(of: (UInt32(s), UInt32(messages))) { Array($0) })])
-            guard (try? remote.sendRequest(end, timeout: .seconds(30), replyTimeout: .seconds(60))) != nil else { _exit(3) }
-            _exit(0)
-        }
-        guard child > 0 else { return 2 }
-        children.append(child)
-    }
-    for child in children where waitFor(child) != 0 { return 3 }
+    for child in children { child.go() }
+    for child in children where waitFor(child.pid) != 0 { return 3 }
     guard faults.withLock({ $0 }) == 0 else { return 4 }
     guard next.withLock({ $0 }) == [Int](repeating: messages + 1, count: processes) else { return 5 }
     guard (try? owner.finish()) != nil else { return 6 }
@@ -434,8 +457,7 @@ private func manySenders(processes: Int, messages: Int) -> Int32 {
 private func foreignUser() -> Int32 {
     // 1. Default access: nobody is refused.
     let name = uniqueName("private")
-    guard let owner = try? Owner(NamedPort(name: name) { _ in nil }) else { return 1 }
-    var status = runAsNobody {
+    let refused = forkGated(asNobody: true) {
         do throws(PortError) {
             _ = try RemotePort.lookup(name, owner: 0)
             return 1
@@ -443,20 +465,26 @@ private func foreignUser() -> Int32 {
             return error == .accessDenied(name) ? 0 : 2
         }
     }
-    guard status == 0 else { return 10 + status }
-    guard owner.port.refusedConnections == 1 else { return 3 }
-    guard (try? owner.finish()) != nil else { return 4 }
-
-    // 2. Opened to any user: nobody gets in and is answered.
     let open = uniqueName("open")
-    guard let openOwner = try? Owner(NamedPort(name: open, access: .anyUser) { m in PortEnvelope(id: m.id + 1) }) else { return 5 }
-    status = runAsNobody {
+    let admitted = forkGated(asNobody: true) {
         guard let remote = try? RemotePort.lookup(open, owner: 0),
             let reply = try? remote.sendRequest(PortEnvelope(id: 1), timeout: .seconds(5), replyTimeout: .seconds(10)),
             reply.id == 2
         else { return 1 }
         return 0
     }
+    guard refused.pid > 0, admitted.pid > 0 else { return 97 }
+    guard let owner = try? Owner(NamedPort(name: name) { _ in nil }) else { return 1 }
+    refused.go()
+    var status = waitFor(refused.pid)
+    guard status == 0 else { return 10 + status }
+    guard owner.port.refusedConnections == 1 else { return 3 }
+    guard (try? owner.finish()) != nil else { return 4 }
+
+    // 2. Opened to any user: nobody gets in and is answered.
+    guard let openOwner = try? Owner(NamedPort(name: open, access: .anyUser) { m in PortEnvelope(id: m.id + 1) }) else { return 5 }
+    admitted.go()
+    status = waitFor(admitted.pid)
     guard status == 0 else { return 20 + status }
     guard (try? openOwner.finish()) != nil else { return 6 }
 
@@ -490,15 +518,3 @@ private func foreignUser() -> Int32 {
     return result
 }
 
-/// Runs `body` in a child process as user and group `nobody`; returns its
-/// exit status.
-private func runAsNobody(_ body: () -> Int32) -> Int32 {
-    let child = fork()
-    if child == 0 {
-        armHangAlarm(seconds: 60)
-        guard setgid(nobody) == 0, setuid(nobody) == 0 else { _exit(99) }
-        _exit(body())
-    }
-    guard child > 0 else { return 98 }
-    return waitFor(child)
-}

@@ -76,6 +76,29 @@ int cshims_port_duplicate(int fd);
 // hung up) and makes later sends fail, before the descriptor is closed.
 int cshims_port_shutdown(int fd);
 
+// TCP, for NetworkPort (IPv4, numeric addresses only: no name lookup).
+// socket(2) AF_INET SOCK_STREAM, SO_REUSEADDR, bind(2) to `host`:`port`
+// (`port` 0: any free port) and listen(2). `*bound_port` gets the port
+// bound. Returns the listening descriptor; -EINVAL for an address that is
+// not a dotted IPv4 address.
+int cshims_port_tcp_listen(const char *host, uint16_t port, int backlog, uint16_t *bound_port);
+
+// socket(2) and a non-blocking connect(2) to `host`:`port`, waiting at most
+// `timeout_ns` (negative: no limit) for it to complete; TCP_NODELAY set.
+// Returns the connected descriptor; -ETIMEDOUT; -ECONNREFUSED.
+int cshims_port_tcp_connect(const char *host, uint16_t port, int64_t timeout_ns);
+
+// setsockopt(2) TCP_NODELAY on an accepted connection.
+int cshims_port_tcp_nodelay(int fd);
+
+// send(2) with MSG_DONTWAIT | MSG_NOSIGNAL on a stream: returns the bytes
+// sent, possibly fewer than `count`; -EAGAIN when the buffer is full.
+ssize_t cshims_port_stream_send(int fd, const void *bytes, size_t count);
+
+// recv(2) with MSG_DONTWAIT on a stream: returns the bytes read, 0 at end
+// of stream, -EAGAIN when none wait.
+ssize_t cshims_port_stream_receive(int fd, void *buffer, size_t capacity);
+
 // close(2); EINTR counts as success (Linux frees the descriptor anyway).
 int cshims_port_close(int fd);
 

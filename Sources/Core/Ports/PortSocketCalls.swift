@@ -144,6 +144,73 @@ enum PortSocketCalls {
         }
     }
 
+    // MARK: TCP
+
+    static func tcpListen(host: String, port: UInt16) throws(PortError) -> (fd: Int32, port: UInt16) {
+        var bound: UInt16 = 0
+        let fd = cshims_port_tcp_listen(host, port, 128, &bound)
+        if fd >= 0 { return (fd, bound) }
+        if -fd == EADDRINUSE { throw .nameTaken("\(host):\(port)") }
+        if -fd == EINVAL { throw .system(SystemCallError(call: "inet_pton(\(host))", code: EINVAL)) }
+        throw environment("bind", -fd)
+    }
+
+    static func tcpConnect(host: String, port: UInt16, before deadline: MonotonicClock.Instant) throws(PortError) -> Int32 {
+        let fd = cshims_port_tcp_connect(host, port, remainingNanoseconds(until: deadline))
+        if fd >= 0 { return fd }
+        switch -fd {
+        case ECONNREFUSED: throw .nameNotFound("\(host):\(port)")
+        case ETIMEDOUT: throw .timedOut(after: .zero)
+        case EINVAL: throw .system(SystemCallError(call: "inet_pton(\(host))", code: EINVAL))
+        default: throw environment("connect", -fd)
+        }
+    }
+
+    static func tcpNoDelay(_ fd: Int32) { _ = cshims_port_tcp_nodelay(fd) }
+
+    /// Writes all of `bytes` to a stream, waiting for room until `deadline`.
+    /// A timeout after part of it was written leaves the stream mid-frame:
+    /// the caller must close it.
+    static func streamSendAll(_ fd: Int32, _ bytes: [UInt8], before deadline: MonotonicClock.Instant) throws(PortError) {
+        let start = MonotonicClock.now
+        var sent = 0
+        while sent < bytes.count {
+            let rc = bytes.withUnsafeBytes { cshims_port_stream_send(fd, $0.baseAddress! + sent, $0.count - sent) }
+            if rc >= 0 {
+                sent += rc
+                continue
+            }
+            switch -Int32(rc) {
+            case EAGAIN:
+                let now = MonotonicClock.now
+                if now >= deadline {
+                    // Part of a frame went out: the stream is out of step
+                    // for good, so end it.
+                    if sent > 0 { shutdown(fd) }
+                    throw .timedOut(after: now - start)
+                }
+                _ = cshims_port_poll(fd, 2, remainingNanoseconds(until: deadline))
+            case EPIPE, ECONNRESET, ENOTCONN, ETIMEDOUT, EHOSTUNREACH, ENETUNREACH:
+                throw .peerGone
+            case let code:
+                throw environment("send", code)
+            }
+        }
+    }
+
+    enum StreamRead {
+        case bytes(Int)
+        case nothing
+        case closed
+    }
+
+    static func streamReceive(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer) -> StreamRead {
+        let rc = cshims_port_stream_receive(fd, buffer.baseAddress, buffer.count)
+        if rc > 0 { return .bytes(rc) }
+        if rc == 0 { return .closed }
+        return -Int32(rc) == EAGAIN ? .nothing : .closed
+    }
+
     static func sealedMemfd(_ bytes: [UInt8]) throws(PortError) -> Int32 {
         let fd = bytes.withUnsafeBytes { cshims_port_sealed_memfd($0.baseAddress, $0.count) }
         if fd < 0 { throw environment("memfd_create", -fd) }

@@ -51,7 +51,11 @@ enum PortWire {
 
     /// Encodes `envelope`. Throws if it is over its limits or holds a
     /// `LocalPort`; nothing is left open then.
-    static func encode(_ envelope: PortEnvelope, kind: Kind, sequence: UInt64) throws(PortError) -> Record {
+    ///
+    /// For a stream between hosts (`descriptors` false), every byte buffer
+    /// goes inline and a `.remotePort` cannot be sent.
+    static func encode(_ envelope: PortEnvelope, kind: Kind, sequence: UInt64, descriptors: Bool = true) throws(PortError) -> Record {
+        let budget = descriptors ? inlineBudget : Int.max
         try envelope.checkLimits()
         if envelope.replyPort != nil { throw .notTransferable("a LocalPort (the envelope's replyPort)") }
         var bytes: [UInt8] = []
@@ -68,7 +72,7 @@ enum PortWire {
             for component in envelope.components {
                 switch component {
                 case .bytes(let b):
-                    if inlineTotal + b.count <= inlineBudget {
+                    if inlineTotal + b.count <= budget {
                         inlineTotal += b.count
                         inline.append(b)
                         bytes += [0, 0, 0, 0]
@@ -78,6 +82,7 @@ enum PortWire {
                     }
                     append(UInt32(b.count), to: &bytes)
                 case .remotePort(let port):
+                    guard descriptors else { throw .notTransferable("a RemotePort (to another host)") }
                     fds.append(try port.duplicateDescriptor())
                     bytes += [2, 0, 0, 0, 0, 0, 0, 0]
                 case .port:
@@ -167,6 +172,71 @@ enum PortWire {
         }
     }
 
+    // MARK: Frames, for streams (TCP)
+
+    /// The largest record a frame may hold: a full component table and the
+    /// most bytes an envelope may carry, all inline.
+    static let maximumFrameRecord = headerSize + componentSize * PortEnvelope.maximumComponentCount + PortEnvelope.maximumByteCount
+
+    /// `record` behind its length (u32, little-endian): one frame of a stream.
+    static func frame(_ record: [UInt8]) -> [UInt8] {
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(4 + record.count)
+        append(UInt32(record.count), to: &bytes)
+        bytes += record
+        return bytes
+    }
+
+    /// Cuts a byte stream into frames. A length below a header or above
+    /// `maximumFrameRecord` is malformed: the stream cannot be trusted past
+    /// it, so its connection is closed.
+    struct FrameReader {
+        private var bytes: [UInt8] = []
+        private var start = 0
+
+        /// Whether part of a frame is buffered (end of stream now would
+        /// truncate it).
+        var hasPartialFrame: Bool { start < bytes.count }
+
+        mutating func append(_ chunk: UnsafeRawBufferPointer) {
+            if start > 0 && start >= bytes.count / 2 {
+                bytes.removeSubrange(0..<start)
+                start = 0
+            }
+            bytes.append(contentsOf: chunk)
+        }
+
+        /// The next whole frame's record, if one is buffered.
+        mutating func next() throws(PortError) -> [UInt8]? {
+            guard bytes.count - start >= 4 else { return nil }
+            let length = bytes.withUnsafeBytes { Int(PortWire.load(UInt32.self, $0, start)) }
+            guard length >= headerSize else { throw .malformed("a frame of \(length) bytes is shorter than a header") }
+            guard length <= maximumFrameRecord else {
+                throw .malformed("a frame of \(length) bytes is over the limit of \(maximumFrameRecord)")
+            }
+            guard bytes.count - start - 4 >= length else { return nil }
+            let record = Array(bytes[(start + 4)..<(start + 4 + length)])
+            start += 4 + length
+            if start == bytes.count {
+                bytes.removeAll(keepingCapacity: bytes.count <= 1 << 20)
+                start = 0
+            }
+            return record
+        }
+    }
+
+    /// Decodes a record read from a stream (no descriptors).
+    static func decode(frame record: [UInt8]) throws(PortError) -> Decoded {
+        let result: Result<Decoded, PortError> = record.withUnsafeBytes { b in
+            do throws(PortError) {
+                return .success(try decode(b, count: b.count, fds: []))
+            } catch {
+                return .failure(error)
+            }
+        }
+        return try result.get()
+    }
+
     /// A header-only record (welcome, refused).
     static func bare(_ kind: Kind) -> [UInt8] {
         var bytes: [UInt8] = []
@@ -182,7 +252,7 @@ enum PortWire {
         withUnsafeBytes(of: value.littleEndian) { bytes += $0 }
     }
 
-    private static func load<T: FixedWidthInteger>(_ type: T.Type, _ buffer: UnsafeRawBufferPointer, _ offset: Int) -> T {
+    fileprivate static func load<T: FixedWidthInteger>(_ type: T.Type, _ buffer: UnsafeRawBufferPointer, _ offset: Int) -> T {
         T(littleEndian: buffer.loadUnaligned(fromByteOffset: offset, as: T.self))
     }
 }

@@ -36,8 +36,22 @@ public final class RemotePort: @unchecked Sendable {
     /// or made by `NamedPort.makeSendRight()`.
     public let name: String?
 
+    /// A Unix-domain sequenced-packet socket (records, descriptors), or a
+    /// TCP stream (frames, bytes only).
+    enum Transport {
+        case local
+        case stream
+    }
+
+    private let transport: Transport
     private let lock = Lock()
     private var state: State
+    /// Held while a frame is written to a stream, so that frames from
+    /// several threads do not interleave.
+    private let writeLock = Lock()
+    /// Reply frames read from a stream and not yet taken. Guarded by
+    /// `requestLock`.
+    private var replyFrames = PortWire.FrameReader()
     /// Held for the whole of a request, so that its reply is read by its
     /// requester; guards `nextSequence` and `replyBuffer`.
     private let requestLock = Lock()
@@ -54,9 +68,10 @@ public final class RemotePort: @unchecked Sendable {
 
     /// A port over `fd`, which it now owns (closes when invalidated or
     /// deinitialized).
-    init(adopting fd: Int32, name: String?) {
+    init(adopting fd: Int32, name: String?, transport: Transport = .local) {
         state = State(fd: fd)
         self.name = name
+        self.transport = transport
     }
 
     deinit {
@@ -106,6 +121,23 @@ public final class RemotePort: @unchecked Sendable {
         }
     }
 
+    /// Connects to a `NetworkPort` listening at `host` (a dotted IPv4
+    /// address) and `port`, waiting at most `timeout` for TCP to connect.
+    /// Blocks. The port's `name` is `"host:port"`.
+    ///
+    /// Across hosts nothing checks who is at either end, and a message
+    /// carries bytes only (a `.remotePort` or `LocalPort` throws
+    /// `.notTransferable`); every byte buffer travels in the frame.
+    ///
+    /// - Throws: `.nameNotFound` if nothing listens there (connection
+    ///   refused); `.timedOut`; `.system` (an address that is not a dotted
+    ///   IPv4 address, a network that says no).
+    public static func connect(host: String, port: UInt16, timeout: Duration = .seconds(5)) throws(PortError) -> RemotePort {
+        require(timeout >= .zero, "RemotePort.connect: `timeout` is \(timeout); it cannot be negative")
+        let fd = try PortSocketCalls.tcpConnect(host: host, port: port, before: MonotonicClock.now.advanced(by: timeout))
+        return RemotePort(adopting: fd, name: "\(host):\(port)", transport: .stream)
+    }
+
     /// Whether the port can still send (false after `invalidate()`; a port
     /// whose owner is gone stays valid until a send finds out).
     public var isValid: Bool { lock.withLock { state.valid } }
@@ -117,10 +149,22 @@ public final class RemotePort: @unchecked Sendable {
     ///   (nothing sent); `.timedOut`; `.peerGone`; `.invalidated`; `.system`.
     public func send(_ message: PortEnvelope, timeout: Duration) throws(PortError) {
         require(timeout >= .zero, "RemotePort.send: `timeout` is \(timeout); it cannot be negative")
-        let record = try PortWire.encode(message, kind: .oneWay, sequence: 0)
+        let deadline = MonotonicClock.now.advanced(by: timeout)
+        let record = try PortWire.encode(message, kind: .oneWay, sequence: 0, descriptors: transport == .local)
         defer { PortSocketCalls.close(record.fds) }
-        try withDescriptor { fd throws(PortError) in
-            try PortSocketCalls.send(fd, record.bytes, fds: record.fds, before: MonotonicClock.now.advanced(by: timeout))
+        try withDescriptor { fd throws(PortError) in try write(record, to: fd, before: deadline) }
+    }
+
+    /// Sends one record: as is on a Unix-domain socket, as a frame on a stream.
+    private func write(_ record: PortWire.Record, to fd: Int32, before deadline: MonotonicClock.Instant) throws(PortError) {
+        switch transport {
+        case .local:
+            try PortSocketCalls.send(fd, record.bytes, fds: record.fds, before: deadline)
+        case .stream:
+            let frame = PortWire.frame(record.bytes)
+            writeLock.lock()
+            defer { writeLock.unlock() }
+            try PortSocketCalls.streamSendAll(fd, frame, before: deadline)
         }
     }
 
@@ -139,7 +183,7 @@ public final class RemotePort: @unchecked Sendable {
         defer { requestLock.unlock() }
         let sequence = nextSequence
         nextSequence += 1
-        let record = try PortWire.encode(message, kind: .request, sequence: sequence)
+        let record = try PortWire.encode(message, kind: .request, sequence: sequence, descriptors: transport == .local)
         defer { PortSocketCalls.close(record.fds) }
         let buffer = replyBuffer ?? {
             let b = UnsafeMutableRawBufferPointer.allocate(byteCount: PortWire.recordCapacity, alignment: 8)
@@ -147,8 +191,11 @@ public final class RemotePort: @unchecked Sendable {
             return b
         }()
         return try withDescriptor { fd throws(PortError) -> PortEnvelope in
-            try PortSocketCalls.send(fd, record.bytes, fds: record.fds, before: MonotonicClock.now.advanced(by: timeout))
+            try write(record, to: fd, before: MonotonicClock.now.advanced(by: timeout))
             let deadline = MonotonicClock.now.advanced(by: replyTimeout)
+            if transport == .stream {
+                return try streamReply(fd, sequence: sequence, buffer: buffer, before: deadline, replyTimeout: replyTimeout)
+            }
             while true {
                 switch PortSocketCalls.receive(fd, into: buffer) {
                 case .record(let count, let fds, let truncated):
@@ -164,6 +211,28 @@ public final class RemotePort: @unchecked Sendable {
                 case .closed:
                     throw .peerGone
                 }
+            }
+        }
+    }
+
+    /// Reads frames from a stream until the reply to request `sequence`.
+    /// Under `requestLock`.
+    private func streamReply(
+        _ fd: Int32, sequence: UInt64, buffer: UnsafeMutableRawBufferPointer, before deadline: MonotonicClock.Instant,
+        replyTimeout: Duration
+    ) throws(PortError) -> PortEnvelope {
+        while true {
+            while let frame = try replyFrames.next() {
+                let decoded = try PortWire.decode(frame: frame)
+                if decoded.kind == .reply && decoded.sequence == sequence { return decoded.envelope }
+            }
+            switch PortSocketCalls.streamReceive(fd, into: buffer) {
+            case .bytes(let n):
+                replyFrames.append(UnsafeRawBufferPointer(rebasing: buffer[0..<n]))
+            case .nothing:
+                guard PortSocketCalls.waitReadable(fd, before: deadline) else { throw .replyTimedOut(after: replyTimeout) }
+            case .closed:
+                throw .peerGone
             }
         }
     }
