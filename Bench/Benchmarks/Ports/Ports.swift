@@ -1,8 +1,9 @@
-// Ports: a message round trip between two threads (A → B → A), Spindle's
-// LocalPort between two loop threads beside Foundation's SocketPort (the only
-// port Foundation has on Linux: TCP over loopback, each side a RunLoop
-// thread) and the kernel's plainest two-way channel, a Unix socketpair read
-// and written by two blocking threads.
+// Ports: a message round trip (A → B → A), Spindle's LocalPort between two
+// loop threads, NamedPort between two processes and NetworkPort over
+// loopback TCP (a request and its reply) beside Foundation's SocketPort (the only port Foundation has on Linux: TCP
+// over loopback, each side a RunLoop thread) and the kernel's plainest
+// two-way channel, a Unix socketpair read and written by two blocking
+// threads.
 //
 // Every row: thread A waits for the benchmark's go, then makes the batch of
 // round trips itself (send a 16-byte message to B, wait for B's answer),
@@ -178,6 +179,54 @@ func socketpairDriver() -> Driver {
     }
 }
 
+/// NamedPort between two processes: a forked child publishes a port whose
+/// loop (of `kind`) answers each request; A looks the name up and makes
+/// requests (`RemotePort.sendRequest`, which waits for the reply in
+/// `ppoll`). The child is forked when the benchmarks are registered, before
+/// this process starts threads of its own (a child forked while another
+/// thread holds a lock may wait for it forever), and exits when this
+/// process does. Returns the port's name.
+func startNamedPortServer(_ kind: EventBackendKind) -> String {
+    let name = "bench.\(getpid()).\(kind)"
+    var ready: [Int32] = [0, 0]
+    precondition(pipe(&ready) == 0, "pipe failed: \(errno)")
+    let parent = getpid()
+    let child = fork()
+    if child == 0 {
+        let server = try! NamedPort(name: name) { m in PortEnvelope(id: m.id, components: m.components) }
+        let thread = try! LoopThread.start(backend: kind)
+        thread.loop.add(server)
+        var b: UInt8 = 1
+        _ = write(ready[1], &b, 1)
+        while getppid() == parent { sleep(1) }
+        _exit(0)
+    }
+    precondition(child > 0, "fork failed: \(errno)")
+    var b: UInt8 = 0
+    precondition(read(ready[0], &b, 1) == 1, "the NamedPort server process did not start")
+    return name
+}
+
+func remotePortDriver(_ connect: @escaping @Sendable () -> RemotePort) -> Driver {
+    Driver {
+        let server = connect()
+        let message = PortEnvelope(id: 1, components: [.bytes(payload)])
+        return {
+            _ = try! server.sendRequest(message, timeout: .seconds(10), replyTimeout: .seconds(10))
+        }
+    }
+}
+
+/// NetworkPort over loopback TCP: B is a loop thread with the listening
+/// port; A connects and makes requests.
+func networkPortDriver(_ kind: EventBackendKind) -> Driver {
+    let b = try! LoopThread.start(backend: kind)
+    let server = try! NetworkPort { m in PortEnvelope(id: m.id, components: m.components) }
+    b.loop.add(server)
+    let port = server.port
+    return remotePortDriver { try! RemotePort.connect(host: "127.0.0.1", port: port) }
+}
+
 nonisolated(unsafe) var drivers: [String: Driver] = [:]
 // nonisolated(unsafe): made lazily on the benchmark thread, which runs the
 // benchmarks one after another.
@@ -191,6 +240,9 @@ func driver(_ name: String, _ make: () -> Driver) -> Driver {
 
 let benchmarks: @Sendable () -> Void = {
     let backends: [EventBackendKind] = EventBackends.ioUringRefusal == nil ? [.ioUring, .epoll] : [.epoll]
+    // First, while this process has no threads of Spindle's: the server processes.
+    var namedPortNames: [EventBackendKind: String] = [:]
+    for kind in backends { namedPortNames[kind] = startNamedPortServer(kind) }
     let settings = RunSettings(
         scalingFactor: .kilo, maxDuration: .seconds(2), maxIterations: 20, warmupIterations: 2,
         reportedMetrics: [.cpuPerOperation])
@@ -201,11 +253,24 @@ let benchmarks: @Sendable () -> Void = {
             driver(name) { localPortDriver(kind) }.run(benchmark.scaledIterations.count)
         }
     }
+    roundTrip += backends.map { kind in
+        let name = kind == .ioUring ? "Spindle.NamedPort.iouring 2 processes" : "Spindle.NamedPort.epoll 2 processes"
+        let portName = namedPortNames[kind]!
+        return Implementation(name, isReference: false) { benchmark in
+            driver(name) { remotePortDriver { try! RemotePort.lookup(portName) } }.run(benchmark.scaledIterations.count)
+        }
+    }
+    roundTrip += backends.map { kind in
+        let name = kind == .ioUring ? "Spindle.NetworkPort.iouring loopback" : "Spindle.NetworkPort.epoll loopback"
+        return Implementation(name, isReference: false) { benchmark in
+            driver(name) { networkPortDriver(kind) }.run(benchmark.scaledIterations.count)
+        }
+    }
     roundTrip.append(.reference("Foundation.SocketPort") { benchmark in
         driver("Foundation.SocketPort", socketPortDriver).run(benchmark.scaledIterations.count)
     })
     roundTrip.append(.peer("Unix socketpair") { benchmark in
         driver("Unix socketpair", socketpairDriver).run(benchmark.scaledIterations.count)
     })
-    sideBySide(group: "ports.roundtrip 16B 2 threads", settings: settings, implementations: roundTrip)
+    sideBySide(group: "ports.roundtrip 16B", settings: settings, implementations: roundTrip)
 }
