@@ -227,6 +227,124 @@ func networkPortDriver(_ kind: EventBackendKind) -> Driver {
     return remotePortDriver { try! RemotePort.connect(host: "127.0.0.1", port: port) }
 }
 
+// MARK: One-way throughput by message size
+
+/// A thread that sends batches of one-way messages whenever the benchmark
+/// asks; `setUp` runs once on it and returns the batch's body (send `n`
+/// messages and wait until the receiver has taken the last).
+final class BatchDriver: @unchecked Sendable {
+    // @unchecked: `count` is written before `go` is signalled and read after.
+    private let go = DispatchSemaphore(value: 0)
+    private let done = DispatchSemaphore(value: 0)
+    private var count = 0
+
+    init(setUp: @escaping @Sendable () -> ((Int) -> Void)) {
+        let ready = DispatchSemaphore(value: 0)
+        let thread = Thread { [self] in
+            let batch = setUp()
+            ready.signal()
+            while true {
+                go.wait()
+                batch(count)
+                done.signal()
+            }
+        }
+        thread.start()
+        ready.wait()
+    }
+
+    func run(_ n: Int) {
+        count = n
+        go.signal()
+        done.wait()
+    }
+}
+
+/// LocalPort: n messages of `size` bytes to a port on a loop thread, then
+/// an empty one (id 2) that tells the driver the receiver has taken them all
+/// (a port delivers in send order).
+func localPortBatch(_ size: Int) -> BatchDriver {
+    let receiver = try! LoopThread.start()
+    let finished = DispatchSemaphore(value: 0)
+    let port = LocalPort { m in if m.id == 2 { finished.signal() } }
+    receiver.loop.add(port)
+    return BatchDriver {
+        let message = PortEnvelope(id: 1, components: [.bytes([UInt8](repeating: 1, count: size))])
+        return { n in
+            for _ in 0..<n { try! port.send(message, timeout: .seconds(10)) }
+            try! port.send(PortEnvelope(id: 2), timeout: .seconds(10))
+            finished.wait()
+        }
+    }
+}
+
+/// NamedPort or NetworkPort: n one-way messages, then an empty request,
+/// whose reply means every message before it was handled.
+func remotePortBatch(_ size: Int, _ connect: @escaping @Sendable () -> RemotePort) -> BatchDriver {
+    BatchDriver {
+        let server = connect()
+        let message = PortEnvelope(id: 1, components: [.bytes([UInt8](repeating: 1, count: size))])
+        let last = PortEnvelope(id: 3)
+        return { n in
+            for _ in 0..<n { try! server.send(message, timeout: .seconds(10)) }
+            _ = try! server.sendRequest(last, timeout: .seconds(10), replyTimeout: .seconds(30))
+        }
+    }
+}
+
+/// A Unix socketpair: the batch's byte count first, then n × size bytes;
+/// the reader answers one byte when it has read them all.
+func socketpairBatch(_ size: Int) -> BatchDriver {
+    var fds: [Int32] = [0, 0]
+    precondition(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &fds) == 0, "socketpair failed: \(errno)")
+    let (a, b) = (fds[0], fds[1])
+    let reader = Thread {
+        var buffer = [UInt8](repeating: 0, count: 1 << 20)
+        func readExactly(_ count: Int) {
+            var left = count
+            while left > 0 {
+                let n = buffer.withUnsafeMutableBytes { read(b, $0.baseAddress!, min($0.count, left)) }
+                precondition(n > 0, "socketpair reader: read failed")
+                left -= n
+            }
+        }
+        while true {
+            readExactly(8)
+            let total = buffer.withUnsafeBytes { $0.loadUnaligned(as: Int.self) }
+            readExactly(total)
+            var ack: UInt8 = 1
+            _ = write(b, &ack, 1)
+        }
+    }
+    reader.start()
+    return BatchDriver {
+        let chunk = [UInt8](repeating: 1, count: size)
+        return { n in
+            var total = n * size
+            _ = withUnsafeBytes(of: &total) { write(a, $0.baseAddress!, 8) }
+            for _ in 0..<n {
+                var sent = 0
+                while sent < size {
+                    let w = chunk.withUnsafeBytes { write(a, $0.baseAddress! + sent, size - sent) }
+                    precondition(w > 0, "socketpair writer: write failed")
+                    sent += w
+                }
+            }
+            var ack: UInt8 = 0
+            _ = read(a, &ack, 1)
+        }
+    }
+}
+
+nonisolated(unsafe) var batchDrivers: [String: BatchDriver] = [:]
+
+func batchDriver(_ name: String, _ make: () -> BatchDriver) -> BatchDriver {
+    if let d = batchDrivers[name] { return d }
+    let d = make()
+    batchDrivers[name] = d
+    return d
+}
+
 nonisolated(unsafe) var drivers: [String: Driver] = [:]
 // nonisolated(unsafe): made lazily on the benchmark thread, which runs the
 // benchmarks one after another.
@@ -273,4 +391,35 @@ let benchmarks: @Sendable () -> Void = {
         driver("Unix socketpair", socketpairDriver).run(benchmark.scaledIterations.count)
     })
     sideBySide(group: "ports.roundtrip 16B", settings: settings, implementations: roundTrip)
+
+    // One-way throughput: per message, by size. The kernel's socketpair is
+    // the reference (Foundation's SocketPort drops frames over 32 KiB and
+    // crashes on bursts, so it cannot be measured this way).
+    let namedPortName = namedPortNames[backends[0]]!
+    for (label, size, perIteration) in [("16B", 16, 1_000), ("4KiB", 4 << 10, 1_000), ("64KiB", 64 << 10, 200), ("1MiB", 1 << 20, 20)] {
+        let batchSettings = RunSettings(
+            scalingFactor: .one, maxDuration: .seconds(1), maxIterations: 50, warmupIterations: 2,
+            reportedMetrics: [.cpuPerOperation], operationsPerIteration: perIteration)
+        let key = "\(label)"
+        sideBySide(group: "ports.oneway \(label)", settings: batchSettings, implementations: [
+            Implementation("Spindle.LocalPort", isReference: false) { _ in
+                batchDriver("LocalPort \(key)") { localPortBatch(size) }.run(perIteration)
+            },
+            Implementation("Spindle.NamedPort 2 processes", isReference: false) { _ in
+                batchDriver("NamedPort \(key)") { remotePortBatch(size) { try! RemotePort.lookup(namedPortName) } }.run(perIteration)
+            },
+            Implementation("Spindle.NetworkPort loopback", isReference: false) { _ in
+                batchDriver("NetworkPort \(key)") {
+                    let receiver = try! LoopThread.start()
+                    let server = try! NetworkPort { m in m.id == 3 ? PortEnvelope(id: 3) : nil }
+                    receiver.loop.add(server)
+                    let port = server.port
+                    return remotePortBatch(size) { try! RemotePort.connect(host: "127.0.0.1", port: port) }
+                }.run(perIteration)
+            },
+            .reference("Unix socketpair") { _ in
+                batchDriver("socketpair \(key)") { socketpairBatch(size) }.run(perIteration)
+            },
+        ])
+    }
 }
