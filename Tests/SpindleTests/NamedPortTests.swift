@@ -241,6 +241,34 @@ struct NamedPortTests {
         try owner.finish()
     }
 
+    @Test func aBadNameIsMisuse() async {
+        let r = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+            _ = try? NamedPort(name: "") { _ in nil }
+        }
+        let empty = String(decoding: r?.standardErrorContent ?? [], as: UTF8.self)
+        #expect(empty.contains("NamedPort.init: the port name is empty"))
+        let long = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+            _ = try? RemotePort.lookup(String(repeating: "x", count: 200))
+        }
+        let message = String(decoding: long?.standardErrorContent ?? [], as: UTF8.self)
+        #expect(message.contains("RemotePort.lookup: the port name is 200 bytes"))
+    }
+
+    /// More descriptors than one message can carry across processes is a
+    /// specific error, and nothing is sent.
+    @Test func tooManyDescriptorsInOneMessageIsRefused() throws {
+        let name = uniqueName("fds")
+        let owner = try Owner(NamedPort(name: name) { _ in nil })
+        let remote = try RemotePort.lookup(name)
+        let unpublished = NamedPort { _ in nil }
+        let right = try unpublished.makeSendRight()
+        let many = PortEnvelope(components: Array(repeating: .remotePort(right), count: 254))
+        #expect(throws: PortError.tooManyComponents(count: 254, limit: 253)) { try remote.send(many, timeout: .seconds(1)) }
+        right.invalidate()
+        unpublished.invalidate()
+        try owner.finish()
+    }
+
     // MARK: Across processes (fork inside an exit test, so the test runner's threads are not forked)
 
     /// The guide's named-port check-in across processes, plus one-way
@@ -405,13 +433,21 @@ private func ownerDies() -> Int32 {
         }
     }
     guard learned else { return 7 }
-    do throws(PortError) {
-        _ = try RemotePort.lookup(name)
-        return 9
-    } catch {
-        guard error == .nameNotFound(name) else { return 10 }
+    // The name goes with the listening socket, on the same schedule.
+    var gone = false
+    while !gone && MonotonicClock.now < deadline {
+        do throws(PortError) {
+            _ = try RemotePort.lookup(name, timeout: .seconds(1))
+            return 9
+        } catch {
+            switch error {
+            case .nameNotFound(name): gone = true
+            case .timedOut: continue
+            default: return 10
+            }
+        }
     }
-    return 0
+    return gone ? 0 : 11
 }
 
 private func manySenders(processes: Int, messages: Int) -> Int32 {

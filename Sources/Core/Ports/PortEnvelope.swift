@@ -73,10 +73,13 @@ public struct PortEnvelope: Sendable {
     /// receiver allocate without bound.
     public static let maximumByteCount = 16 << 20
 
-    /// The most components an envelope may carry: 256. Each port component
-    /// that crosses a process boundary becomes a descriptor, and a process
-    /// may pass at most 253 descriptors in one `sendmsg` (`SCM_MAX_FD`);
-    /// the limit is rounded to keep one figure for every kind of port.
+    /// The most components an envelope may carry: 256, enough for any
+    /// message built by hand, low enough that a component table read from
+    /// another process stays small. Across processes a further limit
+    /// applies: each `.remotePort` component, and each byte buffer sent
+    /// outside the record (in a memfd), is a descriptor, and the kernel
+    /// passes at most 253 in one message (`SCM_MAX_FD`); more throw
+    /// `PortError.tooManyComponents` with that limit.
     public static let maximumComponentCount = 256
 
     /// The sender's identifier for the kind of message (the guide's check-in

@@ -1,3 +1,5 @@
+import CShims
+
 /// How a `PortEnvelope` crosses a process boundary: one sequenced-packet
 /// record plus the descriptors it carries (SCM_RIGHTS).
 ///
@@ -92,6 +94,11 @@ enum PortWire {
         } catch {
             PortSocketCalls.close(fds)
             throw error
+        }
+        // The kernel passes at most SCM_MAX_FD descriptors in one message.
+        guard fds.count <= Int(CSHIMS_PORT_MAX_FDS) else {
+            PortSocketCalls.close(fds)
+            throw .tooManyComponents(count: fds.count, limit: Int(CSHIMS_PORT_MAX_FDS))
         }
         for b in inline { bytes += b }
         return Record(bytes: bytes, fds: fds)

@@ -7,8 +7,10 @@
 ///     try server.send(PortEnvelope(id: 1, components: [.bytes(Array("reindex".utf8))]), timeout: .milliseconds(100))
 ///     let answer = try server.sendRequest(PortEnvelope(id: 2), timeout: .milliseconds(100), replyTimeout: .seconds(1))
 ///
-/// Underneath it is one connected `AF_UNIX` sequenced-packet socket to the
-/// port's owner; messages on it arrive in the order sent, each whole.
+/// Underneath it is one connected socket to the port's owner: an `AF_UNIX`
+/// sequenced-packet socket for a `NamedPort`, a TCP stream of frames for a
+/// `NetworkPort` (`connect(host:port:timeout:)`); messages on it arrive in
+/// the order sent, each whole.
 ///
 /// ## Blocking
 ///
@@ -88,8 +90,7 @@ public final class RemotePort: @unchecked Sendable {
     ///   owner died); `.foreignOwner` if the process holding the name runs
     ///   as another user than `owner` (someone took the name: nothing is
     ///   sent); `.accessDenied` if the owner does not accept the caller's
-    ///   user; `.timedOut` if its loop did not accept in time;
-    ///   `.peerGone`; `.system`.
+    ///   user; `.timedOut` if its loop did not accept in time; `.system`.
     public static func lookup(_ name: String, owner: UInt32? = nil, timeout: Duration = .seconds(5)) throws(PortError) -> RemotePort {
         PortSocketCalls.checkName(name, "RemotePort.lookup")
         require(timeout >= .zero, "RemotePort.lookup: `timeout` is \(timeout); it cannot be negative")
@@ -113,7 +114,9 @@ public final class RemotePort: @unchecked Sendable {
                 default: throw .malformed("the owner's greeting is of kind \(buffer[4])")
                 }
             case .nothing: throw .timedOut(after: timeout)
-            case .closed: throw .peerGone
+            // Closed before any greeting: the owner died (its listening
+            // socket was still being released when we connected).
+            case .closed: throw .nameNotFound(name)
             }
         } catch {
             PortSocketCalls.close(fd)
