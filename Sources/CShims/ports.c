@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <stddef.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -277,6 +278,15 @@ ssize_t cshims_port_stream_receive(int fd, void *buffer, size_t capacity) {
         got = recv(fd, buffer, capacity, MSG_DONTWAIT);
     } while (got < 0 && errno == EINTR);
     return got < 0 ? -errno : got;
+}
+
+int cshims_port_enter_network_namespace(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -errno;
+    int rc = setns(fd, CLONE_NEWNET);
+    int error = errno;
+    close(fd);
+    return rc < 0 ? -error : 0;
 }
 
 int cshims_port_close(int fd) {

@@ -151,3 +151,148 @@ struct NetworkPortTests {
         try listener.finish()
     }
 }
+
+// MARK: - Two hosts on one machine
+
+/// Whether this process may make network namespaces (root, and a sandbox
+/// that allows them).
+private func canMakeNetworkNamespaces() -> Bool {
+    guard geteuid() == 0 else { return false }
+    let probe = "spindle-probe-\(getpid())"
+    return system("ip netns add \(probe) >/dev/null 2>&1 && ip netns del \(probe) >/dev/null 2>&1") == 0
+}
+
+@Suite("NetworkPort between two hosts")
+struct NetworkPortHostsTests {
+    /// Two network namespaces joined by a veth pair, a NetworkPort in one
+    /// and its sender in the other (each a process of its own): 1,000
+    /// messages arrive in order; with the link taken down a request times
+    /// out (`.replyTimedOut`) and the sender survives; with the link back up
+    /// the same connection carries on and nothing was lost.
+    @Test(.enabled(if: canMakeNetworkNamespaces(), "needs root and network namespaces (ip netns)"))
+    func twoHostsOverAVethPairWithTheLinkTakenDown() async {
+        await #expect(processExitsWith: .success) {
+            exit(twoHosts())
+        }
+    }
+}
+
+/// One byte over a pipe, each way: how the processes of the test step together.
+private struct Step {
+    let readEnd: Int32
+    let writeEnd: Int32
+    init() {
+        var fds: [Int32] = [0, 0]
+        _ = pipe(&fds)
+        (readEnd, writeEnd) = (fds[0], fds[1])
+    }
+    func signal() {
+        var b: UInt8 = 1
+        _ = write(writeEnd, &b, 1)
+    }
+    func wait() -> Bool {
+        var b: UInt8 = 0
+        return read(readEnd, &b, 1) == 1
+    }
+}
+
+/// Forks a child that runs `body` once `go` is signalled; the parent forks
+/// before it starts any thread.
+private func forkWaiting(for go: Step, _ body: () -> Int32) -> pid_t {
+    let child = fork()
+    if child == 0 {
+        alarm(120)  // a hang fails the test instead of stalling it
+        guard go.wait() else { _exit(98) }
+        _exit(body())
+    }
+    return child
+}
+
+private func sh(_ command: String) -> Bool { system(command + " >/dev/null 2>&1") == 0 }
+
+private func twoHosts() -> Int32 {
+    let tag = getpid() % 100_000
+    let (hostA, hostB) = ("spindleA\(tag)", "spindleB\(tag)")
+    let (linkA, linkB) = ("spva\(tag)", "spvb\(tag)")
+    let serverGo = Step(), serverReady = Step()
+    let clientGo = Step(), sent = Step(), linkDown = Step(), timedOut = Step(), linkUp = Step()
+
+    let server = forkWaiting(for: serverGo) {
+        guard cshims_port_enter_network_namespace("/var/run/netns/\(hostA)") == 0 else { return 1 }
+        let next = LockedValue(0)
+        let faults = LockedValue(0)
+        guard let port = try? NetworkPort(host: "10.77.0.1", port: 7777, { m in
+            if m.id == 2 { return PortEnvelope(id: 2, components: [.bytes(withUnsafeBytes(of: UInt32(next.withLock { $0 })) { Array($0) })]) }
+            let i = Int(m.components[0].bytes!.withUnsafeBytes { $0.loadUnaligned(as: UInt32.self) })
+            next.withLock {
+                if $0 != i { faults.withLock { $0 += 1 } }
+                $0 = i + 1
+            }
+            return nil
+        }), let thread = try? LoopThread.start() else { return 2 }
+        thread.loop.add(port)
+        serverReady.signal()
+        while true { pause() }
+    }
+    let client = forkWaiting(for: clientGo) {
+        guard cshims_port_enter_network_namespace("/var/run/netns/\(hostB)") == 0 else { return 1 }
+        guard let remote = try? RemotePort.connect(host: "10.77.0.1", port: 7777, timeout: .seconds(10)) else { return 2 }
+        for i in 0..<1_000 {
+            let m = PortEnvelope(id: 1, components: [.bytes(withUnsafeBytes(of: UInt32(i)) { Array($0) })])
+            guard (try? remote.send(m, timeout: .seconds(10))) != nil else { return 3 }
+        }
+        func handled() -> UInt32? {
+            guard let reply = try? remote.sendRequest(PortEnvelope(id: 2), timeout: .seconds(10), replyTimeout: .seconds(20)) else { return nil }
+            return reply.components.first?.bytes?.withUnsafeBytes { $0.loadUnaligned(as: UInt32.self) }
+        }
+        guard handled() == 1_000 else { return 4 }
+        sent.signal()
+        guard linkDown.wait() else { return 5 }
+        do throws(PortError) {
+            _ = try remote.sendRequest(PortEnvelope(id: 2), timeout: .seconds(1), replyTimeout: .milliseconds(500))
+            return 6
+        } catch {
+            guard case .replyTimedOut = error else { return 7 }
+        }
+        timedOut.signal()
+        guard linkUp.wait() else { return 8 }
+        // The same connection carries on once the link is back.
+        guard handled() == 1_000 else { return 9 }
+        return 0
+    }
+    guard server > 0, client > 0 else { return 20 }
+
+    var clientReaped = false
+    defer {
+        kill(server, SIGKILL)
+        var status: Int32 = 0
+        waitpid(server, &status, 0)
+        if !clientReaped {
+            kill(client, SIGKILL)
+            waitpid(client, &status, 0)
+        }
+        _ = sh("ip netns del \(hostA)")
+        _ = sh("ip netns del \(hostB)")
+    }
+    guard sh("ip netns add \(hostA)"), sh("ip netns add \(hostB)"),
+        sh("ip link add \(linkA) type veth peer name \(linkB)"),
+        sh("ip link set \(linkA) netns \(hostA)"), sh("ip link set \(linkB) netns \(hostB)"),
+        sh("ip -n \(hostA) addr add 10.77.0.1/24 dev \(linkA)"), sh("ip -n \(hostB) addr add 10.77.0.2/24 dev \(linkB)"),
+        sh("ip -n \(hostA) link set lo up"), sh("ip -n \(hostB) link set lo up"),
+        sh("ip -n \(hostA) link set \(linkA) up"), sh("ip -n \(hostB) link set \(linkB) up")
+    else { return 21 }
+    serverGo.signal()
+    guard serverReady.wait() else { return 22 }
+    clientGo.signal()
+    guard sent.wait() else { return 23 }
+    guard sh("ip -n \(hostB) link set \(linkB) down") else { return 24 }
+    linkDown.signal()
+    guard timedOut.wait() else { return 25 }
+    guard sh("ip -n \(hostB) link set \(linkB) up") else { return 26 }
+    linkUp.signal()
+    var status: Int32 = 0
+    guard waitpid(client, &status, 0) == client else { return 27 }
+    clientReaped = true
+    let code = (status & 0x7f) == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f)
+    return code == 0 ? 0 : 30 + code
+}

@@ -99,6 +99,12 @@ ssize_t cshims_port_stream_send(int fd, const void *bytes, size_t count);
 // of stream, -EAGAIN when none wait.
 ssize_t cshims_port_stream_receive(int fd, void *buffer, size_t capacity);
 
+// open(2) of a network namespace file (e.g. /var/run/netns/NAME, made by
+// `ip netns add`) and setns(2) into it with CLONE_NEWNET: sockets the
+// calling thread makes afterwards live in that namespace. For tests that
+// put two hosts on one machine. Returns 0.
+int cshims_port_enter_network_namespace(const char *path);
+
 // close(2); EINTR counts as success (Linux frees the descriptor anyway).
 int cshims_port_close(int fd);
 
