@@ -10,5 +10,6 @@
 #include "cshims_event.h"
 #include "cshims_file.h"
 #include "cshims_sources.h"
+#include "cshims_ports.h"
 
 #endif // CSHIMS_H

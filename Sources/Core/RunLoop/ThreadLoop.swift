@@ -297,6 +297,12 @@ public final class ThreadLoop: @unchecked Sendable {
         lock.withLock { table.contains(source, inMode: mode) }
     }
 
+    /// Whether the loop's thread has exited, so the loop will never run
+    /// again (true already while the sources' `cancel` callbacks of the
+    /// thread's exit run). Takes the loop's lock briefly. Ports use it to
+    /// tell their loop's death from an ordinary removal.
+    var ownerThreadHasExited: Bool { lock.withLock { threadHasExited } }
+
     // MARK: - Timers
 
     /// Adds `timer` to `mode` (or every common mode). A timer belongs to one

@@ -1,0 +1,393 @@
+/// A port other processes reach: the guide's message port. A process
+/// publishes it under a name; another looks the name up (`RemotePort.lookup`)
+/// and sends it messages, one way or as requests that the port's handler
+/// answers. The messages arrive through the run loop the port is added to,
+/// one per handler call, in the order each sender sent them.
+///
+///     // Owner: publish, then run the loop.
+///     let port = try NamedPort(name: "com.example.indexer") { message in
+///         message.id == 2 ? PortEnvelope(id: 2, components: [.bytes(Array("done".utf8))]) : nil
+///     }
+///     ThreadLoop.current.add(port)
+///     ThreadLoop.current.run()
+///
+/// ## Names
+///
+/// A name lives in Linux's abstract socket namespace, as
+/// `spindle.<uid>.<name>` (`uid` the owner's user id): an `AF_UNIX` socket
+/// address that is no file, so nothing is left behind, and that the kernel
+/// frees the moment the owner's listening socket closes, which includes the
+/// owner's death. A name already published throws `PortError.nameTaken`. A
+/// per-user runtime directory would give file permissions, but leaves a
+/// stale file when its owner dies, which the next owner must tell apart
+/// from a live one; the abstract name cannot go stale. Abstract names have
+/// no permissions and belong to the network namespace, so both ends check
+/// each other with the kernel's peer credentials (`SO_PEERCRED`): the port
+/// accepts only the users `access` lets in (by default its own user) and
+/// tells the others so (`.accessDenied` at their lookup); a looker-up
+/// refuses a name held by another user than the one it expects
+/// (`.foreignOwner`), so a squatter learns nothing.
+///
+/// ## Ports in messages
+///
+/// A message crosses the process boundary with its bytes (small ones inline,
+/// large ones in a sealed memfd) and its `.remotePort` components, each
+/// passed as a descriptor (`SCM_RIGHTS`) that the receiver gets as a usable
+/// `RemotePort`. `makeSendRight()` makes such a port for a `NamedPort`
+/// (published or not), so a process can hand another a port to answer on.
+/// A `LocalPort` cannot cross (`.notTransferable`).
+///
+/// ## Delivery and blocking
+///
+/// The port is one loop's, in the modes it is added to; its listening
+/// socket and each connection are descriptor sources of that loop. The
+/// handler runs on the loop's thread with one message; for a request, what
+/// it returns is sent back as the reply (an empty envelope with the
+/// request's id if it returns nil), waiting at most one second for room in
+/// the requester's buffer (a requester that stopped reading loses its
+/// connection). A malformed or truncated message is an error on its
+/// connection only: that connection is closed, counted in
+/// `malformedMessages`, and the others go on.
+///
+/// ## Invalidation and lifetime
+///
+/// `invalidate()`, or the exit of the thread whose loop receives the port,
+/// closes the name (lookups then throw `.nameNotFound`) and every
+/// connection (their senders get `.peerGone`), and runs the handlers given
+/// to `onInvalidation(_:)`. The owner's death does the same from the
+/// senders' side, as soon as the kernel has released the dead process's
+/// sockets: at once with the epoll backend; an io_uring ring keeps the
+/// sockets it polls until its own teardown, a moment later, and a one-way
+/// message sent in between is lost with the process (a request gets
+/// `.peerGone`). Until then the port lives, and keeps its name,
+/// even if nobody else holds it: a published name is a resource to give
+/// back explicitly.
+///
+/// Thread-safe; `Sendable`. Misuse stops the process with a message: an
+/// empty, too long or NUL-holding name; adding the port to a second loop.
+public final class NamedPort: @unchecked Sendable {
+    // @unchecked: `state` is guarded by `lock`; `buffer` is used only on the
+    // receiving loop's thread, inside a descriptor handler, and its contents
+    // are decoded before the port's handler runs (a nested run may reuse it);
+    // everything else is immutable.
+
+    /// Which users' processes a port accepts.
+    public enum Access: Sendable, Hashable {
+        /// Only the owner's own user (the default).
+        case sameUser
+        /// These users (and the owner's own).
+        case users(Set<UInt32>)
+        /// Anyone who can reach the name (the same network namespace).
+        case anyUser
+
+        func admits(_ uid: UInt32) -> Bool {
+            switch self {
+            case .sameUser: uid == PortSocketCalls.effectiveUID
+            case .users(let set): uid == PortSocketCalls.effectiveUID || set.contains(uid)
+            case .anyUser: true
+            }
+        }
+    }
+
+    /// The name it is published under; nil for an unpublished port.
+    public let name: String?
+    /// Which users it accepts.
+    public let access: Access
+    let handler: @Sendable (PortEnvelope) -> PortEnvelope?
+
+    private let lock = Lock()
+    private var state = State()
+    private let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: PortWire.recordCapacity, alignment: 8)
+    /// Keeps the loop's modes from missing the loop's death: its `cancel`
+    /// runs as the thread exits.
+    private let sentinel: LoopSource
+
+    private struct State {
+        var valid = true
+        var listener: (fd: Int32, source: LoopSource)?
+        var connections: [Int32: LoopSource] = [:]
+        var claimedLoop: ObjectIdentifier?
+        weak var loop: ThreadLoop?
+        /// The modes the port was added to, with how many times.
+        var modes: [LoopMode: Int] = [:]
+        var invalidationHandlers: [@Sendable (NamedPort) -> Void] = []
+        var refused = 0
+        var malformed = 0
+    }
+
+    /// Publishes a port as `name` for the processes of the users `access`
+    /// admits. Its messages reach `handler` once the port is added to a
+    /// loop; connections made before wait for that. Never blocks.
+    ///
+    /// - Throws: `.nameTaken` if the name is published already; `.system`
+    ///   if the kernel refuses the socket.
+    public init(
+        name: String, access: Access = .sameUser,
+        _ handler: @escaping @Sendable (PortEnvelope) -> PortEnvelope?
+    ) throws(PortError) {
+        PortSocketCalls.checkName(name, "NamedPort.init")
+        let fd = try PortSocketCalls.listen(name)
+        self.name = name
+        self.access = access
+        self.handler = handler
+        let reference = NamedPortReference()
+        sentinel = Self.makeSentinel(reference)
+        // The listener's source holds the port (and the port the source)
+        // until invalidation: a published name is given back explicitly.
+        state.listener = (fd, LoopSource(descriptor: fd) { _, _ in self.acceptWaiting() })
+        reference.port = self
+    }
+
+    /// An unpublished port: reachable only through the send rights it
+    /// hands out (`makeSendRight()`), e.g. as a port to answer on.
+    public init(_ handler: @escaping @Sendable (PortEnvelope) -> PortEnvelope?) {
+        name = nil
+        access = .sameUser
+        self.handler = handler
+        let reference = NamedPortReference()
+        sentinel = Self.makeSentinel(reference)
+        reference.port = self
+    }
+
+    /// A custom source with no work, in the port's modes: only its `cancel`
+    /// matters, which runs on the exiting thread when the loop dies (a
+    /// descriptor source has no such callback).
+    private static func makeSentinel(_ reference: NamedPortReference) -> LoopSource {
+        LoopSource(
+            cancel: { loop, _ in if loop.ownerThreadHasExited { reference.port?.invalidate() } },
+            perform: { _ in })
+    }
+
+    deinit {
+        buffer.deallocate()
+    }
+
+    /// Whether the port still receives. Takes the port's lock briefly.
+    public var isValid: Bool { lock.withLock { state.valid } }
+
+    /// Connections refused because their process's user is not admitted.
+    public var refusedConnections: Int { lock.withLock { state.refused } }
+
+    /// Connections closed because they sent a malformed message.
+    public var malformedMessages: Int { lock.withLock { state.malformed } }
+
+    /// How many processes (or send rights) are connected right now.
+    public var connectionCount: Int { lock.withLock { state.connections.count } }
+
+    // MARK: Loops
+
+    /// Adds the port to `mode` of `loop` (or every common mode, for
+    /// `.common`). Any thread; wakes the loop. An invalidated port is not
+    /// added; a loop whose thread has exited invalidates the port.
+    ///
+    /// Misuse: adding it to a second loop is a precondition failure.
+    public func schedule(in loop: ThreadLoop, forMode mode: LoopMode = .default) {
+        let sources: [LoopSource]? = lock.withLock {
+            guard state.valid else { return nil }
+            if state.claimedLoop == nil {
+                state.claimedLoop = ObjectIdentifier(loop)
+                state.loop = loop
+            }
+            guard state.claimedLoop == ObjectIdentifier(loop) else { return [] }
+            state.modes[mode, default: 0] += 1
+            return allSources()
+        }
+        guard let sources else { return }
+        require(!sources.isEmpty, "NamedPort.schedule(in:forMode:): the port is already received by another loop; a port is received by one loop")
+        for s in sources { loop.add(s, forMode: mode) }
+        if loop.ownerThreadHasExited { invalidate() }
+    }
+
+    /// Removes the port from `mode` of `loop`. Any thread.
+    public func remove(from loop: ThreadLoop, forMode mode: LoopMode = .default) {
+        let sources: [LoopSource] = lock.withLock {
+            guard state.claimedLoop == ObjectIdentifier(loop), let n = state.modes[mode] else { return [] }
+            state.modes[mode] = n > 1 ? n - 1 : nil
+            return n > 1 ? [] : allSources()
+        }
+        for s in sources { loop.remove(s, forMode: mode) }
+    }
+
+    /// The sentinel, the listener's source and the connections'. Under `lock`.
+    private func allSources() -> [LoopSource] {
+        var all = [sentinel]
+        if let listener = state.listener { all.append(listener.source) }
+        all.append(contentsOf: state.connections.values)
+        return all
+    }
+
+    /// Adds a connection's descriptor as a source in the port's modes.
+    private func adopt(_ fd: Int32) {
+        // Holds the port until the connection is dropped or the port invalidated.
+        let source = LoopSource(descriptor: fd) { _, _ in self.receiveOne(on: fd) }
+        let placement: (ThreadLoop?, [LoopMode])? = lock.withLock {
+            guard state.valid else { return nil }
+            state.connections[fd] = source
+            return (state.loop, Array(state.modes.keys))
+        }
+        guard let (loop, modes) = placement else {
+            PortSocketCalls.close(fd)
+            return
+        }
+        if let loop { for m in modes { loop.add(source, forMode: m) } }
+    }
+
+    /// Closes one connection (its peer gone, or misbehaving).
+    private func drop(_ fd: Int32, malformed: Bool = false) {
+        let source: LoopSource? = lock.withLock {
+            if malformed { state.malformed += 1 }
+            return state.connections.removeValue(forKey: fd)
+        }
+        guard let source else { return }
+        source.invalidate()
+        PortSocketCalls.shutdown(fd)
+        PortSocketCalls.close(fd)
+    }
+
+    // MARK: Receiving (the loop's thread)
+
+    /// Accepts every waiting connection: checks its user, greets it, and
+    /// adds it to the loop (or refuses and closes it).
+    private func acceptWaiting() {
+        guard let listener = lock.withLock({ state.listener?.fd }) else { return }
+        while true {
+            guard let fd = PortSocketCalls.accept(listener) else { return }
+            let admitted = (try? PortSocketCalls.peerUID(fd)).map(access.admits) ?? false
+            guard admitted else {
+                lock.withLock { state.refused += 1 }
+                _ = try? PortSocketCalls.send(fd, PortWire.bare(.refused), fds: [], before: .now)
+                PortSocketCalls.close(fd)
+                continue
+            }
+            // Adopted before the greeting, so that once the peer can send,
+            // an invalidation finds (and closes) its connection.
+            adopt(fd)
+            do throws(PortError) {
+                try PortSocketCalls.send(fd, PortWire.bare(.welcome), fds: [], before: .now)
+            } catch {
+                drop(fd)
+            }
+        }
+    }
+
+    /// Receives one message from a connection and hands it to the handler
+    /// (and, for a request, sends its reply). The loop calls again while the
+    /// connection stays readable: one message per call.
+    private func receiveOne(on fd: Int32) {
+        switch PortSocketCalls.receive(fd, into: buffer) {
+        case .nothing:
+            return
+        case .closed:
+            drop(fd)
+        case .record(let count, let fds, let truncated):
+            guard !truncated else {
+                PortSocketCalls.close(fds)
+                drop(fd, malformed: true)
+                return
+            }
+            let decoded: PortWire.Decoded
+            do throws(PortError) {
+                decoded = try PortWire.decode(UnsafeRawBufferPointer(buffer), count: count, fds: fds)
+            } catch {
+                drop(fd, malformed: true)
+                return
+            }
+            switch decoded.kind {
+            case .oneWay:
+                _ = handler(decoded.envelope)
+            case .request:
+                let reply = handler(decoded.envelope) ?? PortEnvelope(id: decoded.envelope.id)
+                do throws(PortError) {
+                    let record = try PortWire.encode(reply, kind: .reply, sequence: decoded.sequence)
+                    defer { PortSocketCalls.close(record.fds) }
+                    try PortSocketCalls.send(fd, record.bytes, fds: record.fds, before: MonotonicClock.now.advanced(by: .seconds(1)))
+                } catch {
+                    drop(fd)
+                }
+            case .reply, .welcome, .refused:
+                drop(fd, malformed: true)
+            }
+        }
+    }
+
+    // MARK: Send rights
+
+    /// A new send right to this port, to keep or to put in a message
+    /// (`.remotePort`): a connected socket pair whose one end joins the
+    /// port's connections. Any thread; never blocks.
+    ///
+    /// - Throws: `.invalidated`; `.system` if the kernel refuses the pair.
+    public func makeSendRight() throws(PortError) -> RemotePort {
+        guard isValid else { throw .invalidated }
+        let (mine, theirs) = try PortSocketCalls.socketPair()
+        adopt(mine)
+        return RemotePort(adopting: theirs, name: nil)
+    }
+
+    // MARK: Invalidation
+
+    /// Stops the port for good: frees its name, closes every connection,
+    /// leaves its loop, and runs the invalidation handlers on the calling
+    /// thread. Any thread; calling it again does nothing.
+    public func invalidate() {
+        let taken: (listener: (fd: Int32, source: LoopSource)?, connections: [Int32: LoopSource], handlers: [@Sendable (NamedPort) -> Void])? =
+            lock.withLock {
+                guard state.valid else { return nil }
+                state.valid = false
+                defer {
+                    state.listener = nil
+                    state.connections = [:]
+                    state.invalidationHandlers = []
+                }
+                return (state.listener, state.connections, state.invalidationHandlers)
+            }
+        guard let taken else { return }
+        sentinel.invalidate()
+        // Shut down before closing: the loop's event backend may hold the
+        // sockets open until its next pass (an armed io_uring poll keeps a
+        // reference), and the name and the connections must end now: a
+        // shut-down listener refuses connections, a shut-down connection
+        // reads as closed at the other end.
+        if let listener = taken.listener {
+            listener.source.invalidate()
+            PortSocketCalls.shutdown(listener.fd)
+            PortSocketCalls.close(listener.fd)
+        }
+        for (fd, source) in taken.connections {
+            source.invalidate()
+            PortSocketCalls.shutdown(fd)
+            PortSocketCalls.close(fd)
+        }
+        for handler in taken.handlers { handler(self) }
+    }
+
+    /// Runs `handler` once when the port is invalidated, on the invalidating
+    /// thread; at once if it is invalid already. Any thread.
+    public func onInvalidation(_ handler: @escaping @Sendable (NamedPort) -> Void) {
+        let now = lock.withLock {
+            guard state.valid else { return true }
+            state.invalidationHandlers.append(handler)
+            return false
+        }
+        if now { handler(self) }
+    }
+}
+
+extension ThreadLoop {
+    /// Adds `port` to `mode`: see `NamedPort.schedule(in:forMode:)`.
+    public func add(_ port: NamedPort, forMode mode: LoopMode = .default) {
+        port.schedule(in: self, forMode: mode)
+    }
+
+    /// Removes `port` from `mode`: see `NamedPort.remove(from:forMode:)`.
+    public func remove(_ port: NamedPort, forMode mode: LoopMode = .default) {
+        port.remove(from: self, forMode: mode)
+    }
+}
+
+private final class NamedPortReference: @unchecked Sendable {
+    // @unchecked: `port` is set in the port's init, before the sentinel can
+    // be added to any loop (whose lock then publishes it);
+    // weak loads are safe against deallocation.
+    weak var port: NamedPort?
+}

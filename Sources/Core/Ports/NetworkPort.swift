@@ -1,0 +1,308 @@
+/// A port other hosts reach over TCP: the guide's socket port. It listens
+/// on an IPv4 address and port; a sender connects with
+/// `RemotePort.connect(host:port:)` and sends messages, one way or as
+/// requests that the port's handler answers, as with a `NamedPort`. The
+/// messages arrive through the run loop the port is added to, one per
+/// handler call, in the order each sender sent them.
+///
+///     let port = try NetworkPort(host: "0.0.0.0", port: 7000) { message in
+///         PortEnvelope(id: message.id)                    // the reply to a request
+///     }
+///     ThreadLoop.current.add(port)
+///
+///     // On another host:
+///     let remote = try RemotePort.connect(host: "10.0.0.1", port: 7000)
+///     _ = try remote.sendRequest(PortEnvelope(id: 1), timeout: .seconds(1), replyTimeout: .seconds(1))
+///
+/// ## Framing
+///
+/// The stream carries frames: a record's length (4 bytes, little-endian)
+/// and the record (the layout of `NamedPort`'s messages, every byte buffer
+/// inline, no descriptors). A frame is reassembled however the stream cuts
+/// it, so messages of any size up to `PortEnvelope.maximumByteCount`
+/// arrive whole; several frames in one read are all delivered. A length
+/// over the limit, a record that does not add up, or a stream that ends in
+/// the middle of a frame is an error on that connection only: it is
+/// closed and counted in `malformedFrames`, and the port and its other
+/// connections go on.
+///
+/// ## What it does not do
+///
+/// Nothing authenticates either end: bind to a loopback address
+/// (the default, `127.0.0.1`) unless the network is trusted. Ports do not
+/// travel between hosts (a `.remotePort` or `LocalPort` component throws
+/// `.notTransferable`). It does not speak Foundation's `SocketPort` wire
+/// format.
+///
+/// ## Blocking, invalidation, lifetime
+///
+/// As for `NamedPort`: the port is one loop's; a reply waits at most one
+/// second for room; `invalidate()` or the exit of the loop's thread closes
+/// the listener and every connection (senders get `.peerGone`) and runs
+/// the `onInvalidation` handlers; until then the port lives and keeps its
+/// address. Thread-safe; `Sendable`. Adding it to a second loop is a
+/// precondition failure.
+public final class NetworkPort: @unchecked Sendable {
+    // @unchecked: `state` is guarded by `lock`; `chunk` is used only on the
+    // receiving loop's thread inside a descriptor handler, and frames are
+    // copied out of it before the handler runs; the rest is immutable.
+
+    /// The address it listens on.
+    public let host: String
+    /// The TCP port it listens on (the one the kernel chose, if 0 was asked).
+    public let port: UInt16
+    let handler: @Sendable (PortEnvelope) -> PortEnvelope?
+
+    private let lock = Lock()
+    private var state = State()
+    /// Where the loop's thread reads into: 64 KiB per read.
+    private let chunk = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 << 10, alignment: 8)
+    private let sentinel: LoopSource
+
+    private struct Connection {
+        let source: LoopSource
+        var frames = PortWire.FrameReader()
+    }
+
+    private struct State {
+        var valid = true
+        var listener: (fd: Int32, source: LoopSource)?
+        var connections: [Int32: Connection] = [:]
+        var claimedLoop: ObjectIdentifier?
+        weak var loop: ThreadLoop?
+        var modes: [LoopMode: Int] = [:]
+        var invalidationHandlers: [@Sendable (NetworkPort) -> Void] = []
+        var malformed = 0
+    }
+
+    /// Listens on `host` (a dotted IPv4 address) and `port` (0: a free port
+    /// the kernel picks; read it from `port`). Its messages reach `handler`
+    /// once the port is added to a loop. Never blocks.
+    ///
+    /// - Throws: `.nameTaken` if the address is in use; `.system` for an
+    ///   address that is not a dotted IPv4 address, or one the kernel
+    ///   refuses.
+    public init(
+        host: String = "127.0.0.1", port: UInt16 = 0,
+        _ handler: @escaping @Sendable (PortEnvelope) -> PortEnvelope?
+    ) throws(PortError) {
+        let (fd, bound) = try PortSocketCalls.tcpListen(host: host, port: port)
+        self.host = host
+        self.port = bound
+        self.handler = handler
+        let reference = NetworkPortReference()
+        sentinel = LoopSource(
+            cancel: { loop, _ in if loop.ownerThreadHasExited { reference.port?.invalidate() } },
+            perform: { _ in })
+        // The listener's source holds the port until invalidation.
+        state.listener = (fd, LoopSource(descriptor: fd) { _, _ in self.acceptWaiting() })
+        reference.port = self
+    }
+
+    deinit { chunk.deallocate() }
+
+    /// Whether the port still receives. Takes the port's lock briefly.
+    public var isValid: Bool { lock.withLock { state.valid } }
+
+    /// Connections closed because of a malformed, oversize or truncated frame.
+    public var malformedFrames: Int { lock.withLock { state.malformed } }
+
+    /// How many senders are connected right now.
+    public var connectionCount: Int { lock.withLock { state.connections.count } }
+
+    // MARK: Loops
+
+    /// Adds the port to `mode` of `loop` (or every common mode, for
+    /// `.common`). Any thread. A loop whose thread has exited invalidates
+    /// the port. Misuse: a second loop is a precondition failure.
+    public func schedule(in loop: ThreadLoop, forMode mode: LoopMode = .default) {
+        let sources: [LoopSource]? = lock.withLock {
+            guard state.valid else { return nil }
+            if state.claimedLoop == nil {
+                state.claimedLoop = ObjectIdentifier(loop)
+                state.loop = loop
+            }
+            guard state.claimedLoop == ObjectIdentifier(loop) else { return [] }
+            state.modes[mode, default: 0] += 1
+            return allSources()
+        }
+        guard let sources else { return }
+        require(!sources.isEmpty, "NetworkPort.schedule(in:forMode:): the port is already received by another loop; a port is received by one loop")
+        for s in sources { loop.add(s, forMode: mode) }
+        if loop.ownerThreadHasExited { invalidate() }
+    }
+
+    /// Removes the port from `mode` of `loop`. Any thread.
+    public func remove(from loop: ThreadLoop, forMode mode: LoopMode = .default) {
+        let sources: [LoopSource] = lock.withLock {
+            guard state.claimedLoop == ObjectIdentifier(loop), let n = state.modes[mode] else { return [] }
+            state.modes[mode] = n > 1 ? n - 1 : nil
+            return n > 1 ? [] : allSources()
+        }
+        for s in sources { loop.remove(s, forMode: mode) }
+    }
+
+    /// Under `lock`.
+    private func allSources() -> [LoopSource] {
+        var all = [sentinel]
+        if let listener = state.listener { all.append(listener.source) }
+        all.append(contentsOf: state.connections.values.map(\.source))
+        return all
+    }
+
+    // MARK: Receiving (the loop's thread)
+
+    private func acceptWaiting() {
+        guard let listener = lock.withLock({ state.listener?.fd }) else { return }
+        while let fd = PortSocketCalls.accept(listener) {
+            PortSocketCalls.tcpNoDelay(fd)
+            let source = LoopSource(descriptor: fd) { _, _ in self.receive(on: fd) }
+            let placement: (ThreadLoop?, [LoopMode])? = lock.withLock {
+                guard state.valid else { return nil }
+                state.connections[fd] = Connection(source: source)
+                return (state.loop, Array(state.modes.keys))
+            }
+            guard let (loop, modes) = placement else {
+                PortSocketCalls.close(fd)
+                return
+            }
+            if let loop { for m in modes { loop.add(source, forMode: m) } }
+        }
+    }
+
+    private func drop(_ fd: Int32, malformed: Bool) {
+        let connection: Connection? = lock.withLock {
+            if malformed { state.malformed += 1 }
+            return state.connections.removeValue(forKey: fd)
+        }
+        guard let connection else { return }
+        connection.source.invalidate()
+        PortSocketCalls.shutdown(fd)
+        PortSocketCalls.close(fd)
+    }
+
+    /// Reads what the connection has (one read), then hands every whole
+    /// frame buffered to the handler, one message per call.
+    private func receive(on fd: Int32) {
+        switch PortSocketCalls.streamReceive(fd, into: chunk) {
+        case .nothing:
+            return
+        case .closed:
+            let partial = lock.withLock { state.connections[fd]?.frames.hasPartialFrame ?? false }
+            drop(fd, malformed: partial)
+            return
+        case .bytes(let n):
+            let ok: Bool = lock.withLock {
+                guard state.connections[fd] != nil else { return false }
+                state.connections[fd]!.frames.append(UnsafeRawBufferPointer(rebasing: chunk[0..<n]))
+                return true
+            }
+            guard ok else { return }
+        }
+        while true {
+            let next: Result<[UInt8]?, PortError> = lock.withLock {
+                guard state.connections[fd] != nil else { return .success(nil) }
+                do throws(PortError) {
+                    return .success(try state.connections[fd]!.frames.next())
+                } catch {
+                    return .failure(error)
+                }
+            }
+            let frame: [UInt8]
+            switch next {
+            case .success(let f?): frame = f
+            case .success(nil): return
+            case .failure:
+                drop(fd, malformed: true)
+                return
+            }
+            let decoded: PortWire.Decoded
+            do throws(PortError) {
+                decoded = try PortWire.decode(frame: frame)
+            } catch {
+                drop(fd, malformed: true)
+                return
+            }
+            switch decoded.kind {
+            case .oneWay:
+                _ = handler(decoded.envelope)
+            case .request:
+                let reply = handler(decoded.envelope) ?? PortEnvelope(id: decoded.envelope.id)
+                do throws(PortError) {
+                    let record = try PortWire.encode(reply, kind: .reply, sequence: decoded.sequence, descriptors: false)
+                    try PortSocketCalls.streamSendAll(fd, PortWire.frame(record.bytes), before: MonotonicClock.now.advanced(by: .seconds(1)))
+                } catch {
+                    drop(fd, malformed: false)
+                    return
+                }
+            case .reply, .welcome, .refused:
+                drop(fd, malformed: true)
+                return
+            }
+        }
+    }
+
+    // MARK: Invalidation
+
+    /// Stops the port for good: closes the listener and every connection,
+    /// leaves its loop, and runs the invalidation handlers on the calling
+    /// thread. Any thread; calling it again does nothing.
+    public func invalidate() {
+        let taken: (listener: (fd: Int32, source: LoopSource)?, connections: [Int32: Connection], handlers: [@Sendable (NetworkPort) -> Void])? =
+            lock.withLock {
+                guard state.valid else { return nil }
+                state.valid = false
+                defer {
+                    state.listener = nil
+                    state.connections = [:]
+                    state.invalidationHandlers = []
+                }
+                return (state.listener, state.connections, state.invalidationHandlers)
+            }
+        guard let taken else { return }
+        sentinel.invalidate()
+        // Shut down before closing, as NamedPort does: the event backend may
+        // hold the sockets until its next pass.
+        if let listener = taken.listener {
+            listener.source.invalidate()
+            PortSocketCalls.shutdown(listener.fd)
+            PortSocketCalls.close(listener.fd)
+        }
+        for (fd, connection) in taken.connections {
+            connection.source.invalidate()
+            PortSocketCalls.shutdown(fd)
+            PortSocketCalls.close(fd)
+        }
+        for handler in taken.handlers { handler(self) }
+    }
+
+    /// Runs `handler` once when the port is invalidated, on the invalidating
+    /// thread; at once if it is invalid already. Any thread.
+    public func onInvalidation(_ handler: @escaping @Sendable (NetworkPort) -> Void) {
+        let now = lock.withLock {
+            guard state.valid else { return true }
+            state.invalidationHandlers.append(handler)
+            return false
+        }
+        if now { handler(self) }
+    }
+}
+
+extension ThreadLoop {
+    /// Adds `port` to `mode`: see `NetworkPort.schedule(in:forMode:)`.
+    public func add(_ port: NetworkPort, forMode mode: LoopMode = .default) {
+        port.schedule(in: self, forMode: mode)
+    }
+
+    /// Removes `port` from `mode`: see `NetworkPort.remove(from:forMode:)`.
+    public func remove(_ port: NetworkPort, forMode mode: LoopMode = .default) {
+        port.remove(from: self, forMode: mode)
+    }
+}
+
+private final class NetworkPortReference: @unchecked Sendable {
+    // @unchecked: `port` is set in the port's init, before the sentinel can
+    // be added to any loop (whose lock then publishes it); weak loads are
+    // safe against deallocation.
+    weak var port: NetworkPort?
+}

@@ -1,0 +1,76 @@
+/// Why a port could not take a message.
+public enum PortError: Error, Sendable, Hashable, CustomStringConvertible {
+    /// The receiver had no room until the send's deadline (a `LocalPort`'s
+    /// queue, a `RemotePort`'s socket buffer): the receiving loop is not
+    /// taking messages as fast as they come, or not running in one of the
+    /// port's modes. Nothing was queued. For `RemotePort.lookup`: the
+    /// owner's loop did not accept the connection in time.
+    case timedOut(after: Duration)
+    /// The port was invalidated (by `invalidate()`, or because the thread
+    /// whose loop received it exited) before or while the send waited.
+    /// Nothing was queued.
+    case invalidated
+    /// The envelope carries more bytes than `PortEnvelope.maximumByteCount`.
+    case messageTooLarge(byteCount: Int, limit: Int)
+    /// The envelope has more components than
+    /// `PortEnvelope.maximumComponentCount`.
+    case tooManyComponents(count: Int, limit: Int)
+    /// A `NamedPort` of this name is published already (by this process or
+    /// another of the same network namespace).
+    case nameTaken(String)
+    /// No process publishes a port of this name (it never did, or its owner
+    /// invalidated the port or died, which frees the name).
+    case nameNotFound(String)
+    /// The process that publishes the name runs as user `uid`, not the one
+    /// expected: someone else took the name, and nothing was sent to it.
+    case foreignOwner(name: String, uid: UInt32)
+    /// The port's owner refused this process: it runs as a user the port
+    /// does not accept (`NamedPort.Access`).
+    case accessDenied(String)
+    /// The receiving process closed the connection or died; the message was
+    /// not delivered (or, for a request, not answered).
+    case peerGone
+    /// A request was sent but no reply came within the reply timeout.
+    case replyTimedOut(after: Duration)
+    /// The envelope holds something that cannot cross a process boundary:
+    /// a `LocalPort` (as a component or reply port), which lives in one
+    /// process. Send a `RemotePort` (a send right to a `NamedPort`) instead.
+    case notTransferable(String)
+    /// The peer sent bytes that are not a well-formed port message; the
+    /// connection was closed.
+    case malformed(String)
+    /// The kernel refused a call the port needed (out of descriptors or
+    /// memory, say).
+    case system(SystemCallError)
+
+    public var description: String {
+        switch self {
+        case .timedOut(let waited):
+            "the port's queue stayed full for \(waited); the message was not sent"
+        case .invalidated:
+            "the port is invalidated; it takes no more messages"
+        case .messageTooLarge(let bytes, let limit):
+            "the message carries \(bytes) bytes, over the limit of \(limit) (PortEnvelope.maximumByteCount)"
+        case .tooManyComponents(let count, let limit):
+            "the message has \(count) components, over the limit of \(limit) (PortEnvelope.maximumComponentCount)"
+        case .nameTaken(let name):
+            "a port named \"\(name)\" is published already"
+        case .nameNotFound(let name):
+            "no process publishes a port named \"\(name)\""
+        case .foreignOwner(let name, let uid):
+            "the port named \"\(name)\" is published by user \(uid), not the expected owner; nothing was sent"
+        case .accessDenied(let name):
+            "the owner of the port named \"\(name)\" does not accept this process's user"
+        case .peerGone:
+            "the receiving process closed the connection or exited"
+        case .replyTimedOut(let waited):
+            "no reply within \(waited)"
+        case .notTransferable(let what):
+            "\(what) cannot cross a process boundary"
+        case .malformed(let why):
+            "malformed port message: \(why)"
+        case .system(let error):
+            error.description
+        }
+    }
+}

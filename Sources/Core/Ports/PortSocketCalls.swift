@@ -1,0 +1,244 @@
+import CShims
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The system calls of `NamedPort` and `RemotePort`, and how their errors
+/// become `PortError`s: the one place in Ports that reads an errno.
+///
+/// errno is sorted once: a peer that went away (EPIPE, ECONNRESET,
+/// ENOTCONN) is `.peerGone`; no listener (ECONNREFUSED) is `.nameNotFound`;
+/// what the environment refused (EMFILE, ENOMEM, ENOBUFS...) is `.system`.
+enum PortSocketCalls {
+    /// The abstract-namespace name a port named `name` of user `uid` is
+    /// published under: `spindle.<uid>.<name>`. The user id keeps users'
+    /// names apart; it proves nothing (anyone may bind any abstract name),
+    /// which is why both ends check the other's credentials.
+    static func address(_ name: String, owner uid: UInt32) -> [UInt8] {
+        Array("spindle.\(uid).\(name)".utf8)
+    }
+
+    /// The longest port name: sun_path holds 108 bytes, one of them the
+    /// abstract namespace's leading NUL, and `spindle.<uid>.` takes up to 19.
+    static let maximumNameLength = 88
+
+    static func checkName(_ name: String, _ api: String) {
+        require(!name.isEmpty, "\(api): the port name is empty")
+        require(!name.utf8.contains(0), "\(api): the port name contains a NUL byte")
+        require(
+            name.utf8.count <= maximumNameLength,
+            "\(api): the port name is \(name.utf8.count) bytes; at most \(maximumNameLength) fit in a socket address")
+    }
+
+    static var effectiveUID: UInt32 { cshims_port_effective_uid() }
+
+    static func listen(_ name: String) throws(PortError) -> Int32 {
+        let address = address(name, owner: effectiveUID)
+        // The backlog bounds connections waiting for the owner's loop to
+        // accept them; the kernel caps it at net.core.somaxconn.
+        let fd = address.withUnsafeBufferPointer { cshims_port_listen($0.baseAddress, $0.count, 128) }
+        if fd >= 0 { return fd }
+        if -fd == EADDRINUSE { throw .nameTaken(name) }
+        throw environment("listen", -fd)
+    }
+
+    static func connect(_ name: String, owner uid: UInt32) throws(PortError) -> Int32 {
+        let address = address(name, owner: uid)
+        let fd = address.withUnsafeBufferPointer { cshims_port_connect($0.baseAddress, $0.count) }
+        if fd >= 0 { return fd }
+        if -fd == ECONNREFUSED || -fd == ENOENT { throw .nameNotFound(name) }
+        throw environment("connect", -fd)
+    }
+
+    /// A waiting connection, or nil when none waits (or accepting failed:
+    /// the listener stays, and the loop tries again on its next readiness).
+    static func accept(_ fd: Int32) -> Int32? {
+        let conn = cshims_port_accept(fd)
+        return conn >= 0 ? conn : nil
+    }
+
+    static func socketPair() throws(PortError) -> (Int32, Int32) {
+        var fds: [Int32] = [-1, -1]
+        let rc = fds.withUnsafeMutableBufferPointer { cshims_port_socketpair($0.baseAddress) }
+        if rc < 0 { throw environment("socketpair", -rc) }
+        return (fds[0], fds[1])
+    }
+
+    /// The user id of the process at the other end (as of its connect).
+    static func peerUID(_ fd: Int32) throws(PortError) -> UInt32 {
+        var pid: Int32 = 0
+        var uid: UInt32 = 0
+        var gid: UInt32 = 0
+        let rc = cshims_port_peer_credentials(fd, &pid, &uid, &gid)
+        if rc < 0 { throw environment("getsockopt(SO_PEERCRED)", -rc) }
+        return uid
+    }
+
+    static func duplicate(_ fd: Int32) throws(PortError) -> Int32 {
+        let copy = cshims_port_duplicate(fd)
+        if copy < 0 { throw environment("fcntl(F_DUPFD_CLOEXEC)", -copy) }
+        return copy
+    }
+
+    static func close(_ fd: Int32) { _ = cshims_port_close(fd) }
+
+    static func close(_ fds: [Int32]) { for fd in fds { close(fd) } }
+
+    static func shutdown(_ fd: Int32) { _ = cshims_port_shutdown(fd) }
+
+    /// Sends one record with `fds`, waiting for room in the socket buffer
+    /// until `deadline`.
+    static func send(_ fd: Int32, _ bytes: [UInt8], fds: [Int32], before deadline: MonotonicClock.Instant) throws(PortError) {
+        let start = MonotonicClock.now
+        while true {
+            let rc = bytes.withUnsafeBytes { b in
+                fds.withUnsafeBufferPointer { f in
+                    cshims_port_send(fd, b.baseAddress, b.count, f.baseAddress, Int32(f.count))
+                }
+            }
+            if rc >= 0 { return }
+            switch -Int32(rc) {
+            case EAGAIN:
+                let now = MonotonicClock.now
+                if now >= deadline { throw .timedOut(after: now - start) }
+                _ = cshims_port_poll(fd, 2, remainingNanoseconds(until: deadline))
+            case EPIPE, ECONNRESET, ENOTCONN, ECONNREFUSED:
+                throw .peerGone
+            case let code:
+                throw environment("sendmsg", code)
+            }
+        }
+    }
+
+    enum Received {
+        /// A record of `count` bytes, with the descriptors it carried;
+        /// `truncated` if it (or its descriptors) did not fit.
+        case record(count: Int, fds: [Int32], truncated: Bool)
+        /// Nothing waits.
+        case nothing
+        /// The peer closed its end, or the connection failed.
+        case closed
+    }
+
+    /// Receives one record into `buffer`, never waiting.
+    static func receive(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer) -> Received {
+        var fds = [Int32](repeating: -1, count: Int(CSHIMS_PORT_MAX_FDS))
+        var count: Int32 = 0
+        var truncated: Int32 = 0
+        let rc = fds.withUnsafeMutableBufferPointer { f in
+            cshims_port_receive(fd, buffer.baseAddress, buffer.count, f.baseAddress, Int32(f.count), &count, &truncated)
+        }
+        if rc < 0 { return -Int32(rc) == EAGAIN ? .nothing : .closed }
+        let received = Array(fds.prefix(Int(count)))
+        if rc == 0 && count == 0 { return .closed }
+        return .record(count: rc, fds: received, truncated: truncated != 0)
+    }
+
+    /// Waits until `fd` is readable (or hung up) or `deadline` passes.
+    /// Returns false on the deadline.
+    static func waitReadable(_ fd: Int32, before deadline: MonotonicClock.Instant) -> Bool {
+        while true {
+            if cshims_port_poll(fd, 1, remainingNanoseconds(until: deadline)) == 1 { return true }
+            if MonotonicClock.now >= deadline { return false }
+        }
+    }
+
+    // MARK: TCP
+
+    static func tcpListen(host: String, port: UInt16) throws(PortError) -> (fd: Int32, port: UInt16) {
+        var bound: UInt16 = 0
+        let fd = cshims_port_tcp_listen(host, port, 128, &bound)
+        if fd >= 0 { return (fd, bound) }
+        if -fd == EADDRINUSE { throw .nameTaken("\(host):\(port)") }
+        if -fd == EINVAL { throw .system(SystemCallError(call: "inet_pton(\(host))", code: EINVAL)) }
+        throw environment("bind", -fd)
+    }
+
+    static func tcpConnect(host: String, port: UInt16, before deadline: MonotonicClock.Instant) throws(PortError) -> Int32 {
+        let fd = cshims_port_tcp_connect(host, port, remainingNanoseconds(until: deadline))
+        if fd >= 0 { return fd }
+        switch -fd {
+        case ECONNREFUSED: throw .nameNotFound("\(host):\(port)")
+        case ETIMEDOUT: throw .timedOut(after: .zero)
+        case EINVAL: throw .system(SystemCallError(call: "inet_pton(\(host))", code: EINVAL))
+        default: throw environment("connect", -fd)
+        }
+    }
+
+    static func tcpNoDelay(_ fd: Int32) { _ = cshims_port_tcp_nodelay(fd) }
+
+    /// Writes all of `bytes` to a stream, waiting for room until `deadline`.
+    /// A timeout after part of it was written leaves the stream mid-frame:
+    /// the caller must close it.
+    static func streamSendAll(_ fd: Int32, _ bytes: [UInt8], before deadline: MonotonicClock.Instant) throws(PortError) {
+        let start = MonotonicClock.now
+        var sent = 0
+        while sent < bytes.count {
+            let rc = bytes.withUnsafeBytes { cshims_port_stream_send(fd, $0.baseAddress! + sent, $0.count - sent) }
+            if rc >= 0 {
+                sent += rc
+                continue
+            }
+            switch -Int32(rc) {
+            case EAGAIN:
+                let now = MonotonicClock.now
+                if now >= deadline {
+                    // Part of a frame went out: the stream is out of step
+                    // for good, so end it.
+                    if sent > 0 { shutdown(fd) }
+                    throw .timedOut(after: now - start)
+                }
+                _ = cshims_port_poll(fd, 2, remainingNanoseconds(until: deadline))
+            case EPIPE, ECONNRESET, ENOTCONN, ETIMEDOUT, EHOSTUNREACH, ENETUNREACH:
+                throw .peerGone
+            case let code:
+                throw environment("send", code)
+            }
+        }
+    }
+
+    enum StreamRead {
+        case bytes(Int)
+        case nothing
+        case closed
+    }
+
+    static func streamReceive(_ fd: Int32, into buffer: UnsafeMutableRawBufferPointer) -> StreamRead {
+        let rc = cshims_port_stream_receive(fd, buffer.baseAddress, buffer.count)
+        if rc > 0 { return .bytes(rc) }
+        if rc == 0 { return .closed }
+        return -Int32(rc) == EAGAIN ? .nothing : .closed
+    }
+
+    static func sealedMemfd(_ bytes: [UInt8]) throws(PortError) -> Int32 {
+        let fd = bytes.withUnsafeBytes { cshims_port_sealed_memfd($0.baseAddress, $0.count) }
+        if fd < 0 { throw environment("memfd_create", -fd) }
+        return fd
+    }
+
+    /// The contents of a sealed memfd of `count` bytes; nil if it is not
+    /// sealed or not that size.
+    static func readSealedMemfd(_ fd: Int32, count: Int) -> [UInt8]? {
+        var failed = false
+        let bytes = [UInt8](unsafeUninitializedCapacity: count) { buffer, initialized in
+            failed = cshims_port_read_sealed_memfd(fd, buffer.baseAddress, count) != 0
+            initialized = failed ? 0 : count
+        }
+        return failed ? nil : bytes
+    }
+
+    private static func remainingNanoseconds(until deadline: MonotonicClock.Instant) -> Int64 {
+        if deadline.isDistantFuture { return -1 }
+        return max(0, deadline.nanoseconds - MonotonicClock.now.nanoseconds)
+    }
+
+    /// A refusal by the environment; a bad descriptor or address is a bug
+    /// in Spindle and stops the process.
+    private static func environment(_ call: String, _ code: Int32) -> PortError {
+        if code == EBADF || code == EFAULT || code == ENOTSOCK {
+            misuse("Ports: \(call) failed with \(errnoDescription(code)); a port's descriptor was lost")
+        }
+        return .system(SystemCallError(call: call, code: code))
+    }
+}

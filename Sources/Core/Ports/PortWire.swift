@@ -1,0 +1,265 @@
+import CShims
+
+/// How a `PortEnvelope` crosses a process boundary: one sequenced-packet
+/// record plus the descriptors it carries (SCM_RIGHTS).
+///
+///     header, 24 bytes, little-endian
+///       0  magic          u32  0x504E5053 ("SPNP")
+///       4  kind           u8   one-way 0, request 1, reply 2, welcome 3, refused 4
+///       5  reserved       u8 × 3, zero
+///       8  message id     u32
+///      12  components     u32  at most PortEnvelope.maximumComponentCount
+///      16  sequence       u64  pairs a reply with its request
+///     then per component 8 bytes
+///       0  kind           u8   inline bytes 0, bytes in a sealed memfd 1, port 2
+///       1  reserved       u8 × 3, zero
+///       4  length         u32  bytes (0 for a port)
+///     then the inline components' bytes, back to back.
+///
+/// A memfd or port component takes the next descriptor, in component order.
+/// Byte components go inline while the record's inline bytes stay within
+/// `inlineBudget`; the rest go in sealed memfds, so a record fits a default
+/// socket buffer (net.core.wmem_default, 212,992 bytes) whatever the
+/// message's size. The receiver checks everything; a record that does not
+/// add up is an error on its connection only.
+enum PortWire {
+    static let magic: UInt32 = 0x504E_5053
+
+    enum Kind: UInt8 {
+        case oneWay = 0
+        case request = 1
+        case reply = 2
+        /// Sent by a named port to a process it accepted, before anything else.
+        case welcome = 3
+        /// Sent by a named port to a process whose user it does not accept,
+        /// before it closes the connection.
+        case refused = 4
+    }
+
+    static let headerSize = 24
+    static let componentSize = 8
+    /// At most this many bytes inline per record: 64 KiB, a quarter of a
+    /// default socket buffer, so a few records can be in flight at once.
+    static let inlineBudget = 64 << 10
+    /// The largest well-formed record.
+    static let recordCapacity = headerSize + componentSize * PortEnvelope.maximumComponentCount + inlineBudget
+
+    /// A record ready to send; `fds` are descriptors made for it (memfds,
+    /// duplicates of ports), which the sender closes once it is sent.
+    struct Record {
+        var bytes: [UInt8]
+        var fds: [Int32]
+    }
+
+    /// Encodes `envelope`. Throws if it is over its limits or holds a
+    /// `LocalPort`; nothing is left open then.
+    ///
+    /// For a stream between hosts (`descriptors` false), every byte buffer
+    /// goes inline and a `.remotePort` cannot be sent.
+    static func encode(_ envelope: PortEnvelope, kind: Kind, sequence: UInt64, descriptors: Bool = true) throws(PortError) -> Record {
+        let budget = descriptors ? inlineBudget : Int.max
+        try envelope.checkLimits()
+        if envelope.replyPort != nil { throw .notTransferable("a LocalPort (the envelope's replyPort)") }
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(headerSize + componentSize * envelope.components.count)
+        append(magic, to: &bytes)
+        bytes += [kind.rawValue, 0, 0, 0]
+        append(envelope.id, to: &bytes)
+        append(UInt32(envelope.components.count), to: &bytes)
+        append(sequence, to: &bytes)
+        var fds: [Int32] = []
+        var inline: [[UInt8]] = []
+        var inlineTotal = 0
+        do throws(PortError) {
+            for component in envelope.components {
+                switch component {
+                case .bytes(let b):
+                    if inlineTotal + b.count <= budget {
+                        inlineTotal += b.count
+                        inline.append(b)
+                        bytes += [0, 0, 0, 0]
+                    } else {
+                        fds.append(try PortSocketCalls.sealedMemfd(b))
+                        bytes += [1, 0, 0, 0]
+                    }
+                    append(UInt32(b.count), to: &bytes)
+                case .remotePort(let port):
+                    guard descriptors else { throw .notTransferable("a RemotePort (to another host)") }
+                    fds.append(try port.duplicateDescriptor())
+                    bytes += [2, 0, 0, 0, 0, 0, 0, 0]
+                case .port:
+                    throw .notTransferable("a LocalPort (a component)")
+                }
+            }
+        } catch {
+            PortSocketCalls.close(fds)
+            throw error
+        }
+        // The kernel passes at most SCM_MAX_FD descriptors in one message.
+        guard fds.count <= Int(CSHIMS_PORT_MAX_FDS) else {
+            PortSocketCalls.close(fds)
+            throw .tooManyComponents(count: fds.count, limit: Int(CSHIMS_PORT_MAX_FDS))
+        }
+        for b in inline { bytes += b }
+        return Record(bytes: bytes, fds: fds)
+    }
+
+    /// A record decoded: its kind, sequence and envelope.
+    struct Decoded {
+        let kind: Kind
+        let sequence: UInt64
+        let envelope: PortEnvelope
+    }
+
+    /// Decodes a record of `count` bytes in `buffer` that came with `fds`.
+    /// Takes the descriptors over: ports become `RemotePort`s, memfds are
+    /// read and closed, and on any error all are closed.
+    static func decode(_ buffer: UnsafeRawBufferPointer, count: Int, fds: [Int32]) throws(PortError) -> Decoded {
+        // Which of `fds` this function has taken care of (a memfd read and
+        // closed, a port adopted); the others are closed on failure.
+        var consumed = [Bool](repeating: false, count: fds.count)
+        var adopted: [RemotePort] = []
+        do throws(PortError) {
+            func fail(_ why: String) -> PortError { .malformed(why) }
+            guard count >= headerSize else { throw fail("a record of \(count) bytes is shorter than the header") }
+            guard load(UInt32.self, buffer, 0) == magic else { throw fail("bad magic number") }
+            guard let kind = Kind(rawValue: buffer[4]) else { throw fail("unknown record kind \(buffer[4])") }
+            let id = load(UInt32.self, buffer, 8)
+            let componentCount = Int(load(UInt32.self, buffer, 12))
+            let sequence = load(UInt64.self, buffer, 16)
+            guard componentCount <= PortEnvelope.maximumComponentCount else {
+                throw fail("\(componentCount) components, over the limit of \(PortEnvelope.maximumComponentCount)")
+            }
+            var offset = headerSize + componentSize * componentCount
+            guard offset <= count else { throw fail("the component table runs past the record's end") }
+            var nextFD = 0
+            var total = 0
+            var components: [PortEnvelope.Component] = []
+            components.reserveCapacity(componentCount)
+            for i in 0..<componentCount {
+                let entry = headerSize + componentSize * i
+                let length = Int(load(UInt32.self, buffer, entry + 4))
+                switch buffer[entry] {
+                case 0:
+                    guard offset + length <= count else { throw fail("component \(i) runs past the record's end") }
+                    total += length
+                    components.append(.bytes(Array(UnsafeRawBufferPointer(rebasing: buffer[offset..<offset + length]))))
+                    offset += length
+                case 1:
+                    guard nextFD < fds.count else { throw fail("component \(i) lacks its descriptor") }
+                    total += length
+                    guard total <= PortEnvelope.maximumByteCount else { throw fail("over \(PortEnvelope.maximumByteCount) bytes") }
+                    let bytes = PortSocketCalls.readSealedMemfd(fds[nextFD], count: length)
+                    PortSocketCalls.close(fds[nextFD])
+                    consumed[nextFD] = true
+                    nextFD += 1
+                    guard let bytes else { throw fail("component \(i)'s memfd is not sealed or not \(length) bytes") }
+                    components.append(.bytes(bytes))
+                case 2:
+                    guard nextFD < fds.count else { throw fail("component \(i) lacks its descriptor") }
+                    guard length == 0 else { throw fail("port component \(i) has a length") }
+                    let port = RemotePort(adopting: fds[nextFD], name: nil)
+                    consumed[nextFD] = true
+                    adopted.append(port)
+                    components.append(.remotePort(port))
+                    nextFD += 1
+                case let other:
+                    throw fail("component \(i) has unknown kind \(other)")
+                }
+            }
+            guard offset == count else { throw fail("\(count - offset) bytes after the last component") }
+            guard nextFD == fds.count else { throw fail("\(fds.count - nextFD) descriptors more than its components") }
+            guard total <= PortEnvelope.maximumByteCount else { throw fail("over \(PortEnvelope.maximumByteCount) bytes") }
+            return Decoded(kind: kind, sequence: sequence, envelope: PortEnvelope(id: id, components: components))
+        } catch {
+            // Adopted ports close their own descriptors; close the rest.
+            for (i, fd) in fds.enumerated() where !consumed[i] { PortSocketCalls.close(fd) }
+            for port in adopted { port.invalidate() }
+            throw error
+        }
+    }
+
+    // MARK: Frames, for streams (TCP)
+
+    /// The largest record a frame may hold: a full component table and the
+    /// most bytes an envelope may carry, all inline.
+    static let maximumFrameRecord = headerSize + componentSize * PortEnvelope.maximumComponentCount + PortEnvelope.maximumByteCount
+
+    /// `record` behind its length (u32, little-endian): one frame of a stream.
+    static func frame(_ record: [UInt8]) -> [UInt8] {
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(4 + record.count)
+        append(UInt32(record.count), to: &bytes)
+        bytes += record
+        return bytes
+    }
+
+    /// Cuts a byte stream into frames. A length below a header or above
+    /// `maximumFrameRecord` is malformed: the stream cannot be trusted past
+    /// it, so its connection is closed.
+    struct FrameReader {
+        private var bytes: [UInt8] = []
+        private var start = 0
+
+        /// Whether part of a frame is buffered (end of stream now would
+        /// truncate it).
+        var hasPartialFrame: Bool { start < bytes.count }
+
+        mutating func append(_ chunk: UnsafeRawBufferPointer) {
+            if start > 0 && start >= bytes.count / 2 {
+                bytes.removeSubrange(0..<start)
+                start = 0
+            }
+            bytes.append(contentsOf: chunk)
+        }
+
+        /// The next whole frame's record, if one is buffered.
+        mutating func next() throws(PortError) -> [UInt8]? {
+            guard bytes.count - start >= 4 else { return nil }
+            let length = bytes.withUnsafeBytes { Int(PortWire.load(UInt32.self, $0, start)) }
+            guard length >= headerSize else { throw .malformed("a frame of \(length) bytes is shorter than a header") }
+            guard length <= maximumFrameRecord else {
+                throw .malformed("a frame of \(length) bytes is over the limit of \(maximumFrameRecord)")
+            }
+            guard bytes.count - start - 4 >= length else { return nil }
+            let record = Array(bytes[(start + 4)..<(start + 4 + length)])
+            start += 4 + length
+            if start == bytes.count {
+                bytes.removeAll(keepingCapacity: bytes.count <= 1 << 20)
+                start = 0
+            }
+            return record
+        }
+    }
+
+    /// Decodes a record read from a stream (no descriptors).
+    static func decode(frame record: [UInt8]) throws(PortError) -> Decoded {
+        let result: Result<Decoded, PortError> = record.withUnsafeBytes { b in
+            do throws(PortError) {
+                return .success(try decode(b, count: b.count, fds: []))
+            } catch {
+                return .failure(error)
+            }
+        }
+        return try result.get()
+    }
+
+    /// A header-only record (welcome, refused).
+    static func bare(_ kind: Kind) -> [UInt8] {
+        var bytes: [UInt8] = []
+        append(magic, to: &bytes)
+        bytes += [kind.rawValue, 0, 0, 0]
+        append(UInt32(0), to: &bytes)
+        append(UInt32(0), to: &bytes)
+        append(UInt64(0), to: &bytes)
+        return bytes
+    }
+
+    private static func append<T: FixedWidthInteger>(_ value: T, to bytes: inout [UInt8]) {
+        withUnsafeBytes(of: value.littleEndian) { bytes += $0 }
+    }
+
+    fileprivate static func load<T: FixedWidthInteger>(_ type: T.Type, _ buffer: UnsafeRawBufferPointer, _ offset: Int) -> T {
+        T(littleEndian: buffer.loadUnaligned(fromByteOffset: offset, as: T.self))
+    }
+}

@@ -1,0 +1,299 @@
+/// A send right to a `NamedPort`, possibly in another process: what the
+/// guide's remote message port is. Get one by name (`lookup`), or receive
+/// one in a message (a `.remotePort` component), or make one from a port
+/// of your own (`NamedPort.makeSendRight()`) to put in a message.
+///
+///     let server = try RemotePort.lookup("com.example.indexer")
+///     try server.send(PortEnvelope(id: 1, components: [.bytes(Array("reindex".utf8))]), timeout: .milliseconds(100))
+///     let answer = try server.sendRequest(PortEnvelope(id: 2), timeout: .milliseconds(100), replyTimeout: .seconds(1))
+///
+/// Underneath it is one connected socket to the port's owner: an `AF_UNIX`
+/// sequenced-packet socket for a `NamedPort`, a TCP stream of frames for a
+/// `NetworkPort` (`connect(host:port:timeout:)`); messages on it arrive in
+/// the order sent, each whole.
+///
+/// ## Blocking
+///
+/// `send` waits (in `ppoll`) for room in the socket buffer at most its
+/// timeout; `sendRequest` then waits for the reply at most its reply
+/// timeout. Neither involves the caller's run loop. Requests on one
+/// `RemotePort` go one at a time (a second waits for the first to finish);
+/// one-way sends from several threads may overlap.
+///
+/// ## Failures
+///
+/// Each failure is a specific `PortError`: `.peerGone` once the owner
+/// closed the connection or died (the port stays usable for nothing after
+/// that: invalidate it); `.timedOut` when the owner does not read;
+/// `.replyTimedOut`; `.notTransferable` for an envelope holding a
+/// `LocalPort`; `.invalidated` after `invalidate()`.
+///
+/// Thread-safe; `Sendable`. Misuse (an empty, too long or NUL-holding
+/// name, a negative timeout) stops the process with a message.
+public final class RemotePort: @unchecked Sendable {
+    // @unchecked: `state` is guarded by `lock`; request state by
+    // `requestLock`; `name` is immutable.
+
+    /// The name it was looked up by; nil for a port received in a message
+    /// or made by `NamedPort.makeSendRight()`.
+    public let name: String?
+
+    /// A Unix-domain sequenced-packet socket (records, descriptors), or a
+    /// TCP stream (frames, bytes only).
+    enum Transport {
+        case local
+        case stream
+    }
+
+    private let transport: Transport
+    private let lock = Lock()
+    private var state: State
+    /// Held while a frame is written to a stream, so that frames from
+    /// several threads do not interleave.
+    private let writeLock = Lock()
+    /// Reply frames read from a stream and not yet taken. Guarded by
+    /// `requestLock`.
+    private var replyFrames = PortWire.FrameReader()
+    /// Held for the whole of a request, so that its reply is read by its
+    /// requester; guards `nextSequence` and `replyBuffer`.
+    private let requestLock = Lock()
+    private var nextSequence: UInt64 = 1
+    private var replyBuffer: UnsafeMutableRawBufferPointer?
+
+    private struct State {
+        var fd: Int32
+        var valid = true
+        /// Calls using `fd` right now; the last one out closes it once the
+        /// port is invalid.
+        var users = 0
+    }
+
+    /// A port over `fd`, which it now owns (closes when invalidated or
+    /// deinitialized).
+    init(adopting fd: Int32, name: String?, transport: Transport = .local) {
+        state = State(fd: fd)
+        self.name = name
+        self.transport = transport
+    }
+
+    deinit {
+        if state.fd >= 0 { PortSocketCalls.close(state.fd) }
+        replyBuffer?.deallocate()
+    }
+
+    /// Connects to the port published as `name` by user `owner` (by default
+    /// the caller's own user, the only one a port accepts by default) and
+    /// waits at most `timeout` for the owner's loop to accept the
+    /// connection. Blocks.
+    ///
+    /// - Throws: `.nameNotFound` if nobody publishes the name (or its
+    ///   owner died); `.foreignOwner` if the process holding the name runs
+    ///   as another user than `owner` (someone took the name: nothing is
+    ///   sent); `.accessDenied` if the owner does not accept the caller's
+    ///   user; `.timedOut` if its loop did not accept in time; `.system`.
+    public static func lookup(_ name: String, owner: UInt32? = nil, timeout: Duration = .seconds(5)) throws(PortError) -> RemotePort {
+        PortSocketCalls.checkName(name, "RemotePort.lookup")
+        require(timeout >= .zero, "RemotePort.lookup: `timeout` is \(timeout); it cannot be negative")
+        let expected = owner ?? PortSocketCalls.effectiveUID
+        let deadline = MonotonicClock.now.advanced(by: timeout)
+        let fd = try PortSocketCalls.connect(name, owner: expected)
+        do throws(PortError) {
+            let uid = try PortSocketCalls.peerUID(fd)
+            guard uid == expected else { throw .foreignOwner(name: name, uid: uid) }
+            // The owner's first record says whether it accepts us.
+            guard PortSocketCalls.waitReadable(fd, before: deadline) else { throw .timedOut(after: timeout) }
+            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: PortWire.headerSize, alignment: 8)
+            defer { buffer.deallocate() }
+            switch PortSocketCalls.receive(fd, into: buffer) {
+            case .record(let count, let fds, _):
+                PortSocketCalls.close(fds)
+                guard count == PortWire.headerSize else { throw .malformed("the owner's greeting is \(count) bytes") }
+                switch buffer[4] {
+                case PortWire.Kind.welcome.rawValue: return RemotePort(adopting: fd, name: name)
+                case PortWire.Kind.refused.rawValue: throw .accessDenied(name)
+                default: throw .malformed("the owner's greeting is of kind \(buffer[4])")
+                }
+            case .nothing: throw .timedOut(after: timeout)
+            // Closed before any greeting: the owner died (its listening
+            // socket was still being released when we connected).
+            case .closed: throw .nameNotFound(name)
+            }
+        } catch {
+            PortSocketCalls.close(fd)
+            throw error
+        }
+    }
+
+    /// Connects to a `NetworkPort` listening at `host` (a dotted IPv4
+    /// address) and `port`, waiting at most `timeout` for TCP to connect.
+    /// Blocks. The port's `name` is `"host:port"`.
+    ///
+    /// Across hosts nothing checks who is at either end, and a message
+    /// carries bytes only (a `.remotePort` or `LocalPort` throws
+    /// `.notTransferable`); every byte buffer travels in the frame.
+    ///
+    /// - Throws: `.nameNotFound` if nothing listens there (connection
+    ///   refused); `.timedOut`; `.system` (an address that is not a dotted
+    ///   IPv4 address, a network that says no).
+    public static func connect(host: String, port: UInt16, timeout: Duration = .seconds(5)) throws(PortError) -> RemotePort {
+        require(timeout >= .zero, "RemotePort.connect: `timeout` is \(timeout); it cannot be negative")
+        let fd = try PortSocketCalls.tcpConnect(host: host, port: port, before: MonotonicClock.now.advanced(by: timeout))
+        return RemotePort(adopting: fd, name: "\(host):\(port)", transport: .stream)
+    }
+
+    /// Whether the port can still send (false after `invalidate()`; a port
+    /// whose owner is gone stays valid until a send finds out).
+    public var isValid: Bool { lock.withLock { state.valid } }
+
+    /// Sends `message` one way, waiting at most `timeout` for room in the
+    /// connection's buffer. Any thread; blocks at most `timeout`.
+    ///
+    /// - Throws: `.messageTooLarge`, `.tooManyComponents`, `.notTransferable`
+    ///   (nothing sent); `.timedOut`; `.peerGone`; `.invalidated`; `.system`.
+    public func send(_ message: PortEnvelope, timeout: Duration) throws(PortError) {
+        require(timeout >= .zero, "RemotePort.send: `timeout` is \(timeout); it cannot be negative")
+        let deadline = MonotonicClock.now.advanced(by: timeout)
+        let record = try PortWire.encode(message, kind: .oneWay, sequence: 0, descriptors: transport == .local)
+        defer { PortSocketCalls.close(record.fds) }
+        try withDescriptor { fd throws(PortError) in try write(record, to: fd, before: deadline) }
+    }
+
+    /// Sends one record: as is on a Unix-domain socket, as a frame on a stream.
+    private func write(_ record: PortWire.Record, to fd: Int32, before deadline: MonotonicClock.Instant) throws(PortError) {
+        switch transport {
+        case .local:
+            try PortSocketCalls.send(fd, record.bytes, fds: record.fds, before: deadline)
+        case .stream:
+            let frame = PortWire.frame(record.bytes)
+            writeLock.lock()
+            defer { writeLock.unlock() }
+            try PortSocketCalls.streamSendAll(fd, frame, before: deadline)
+        }
+    }
+
+    /// Sends `message` as a request and waits for the owner's reply: the
+    /// envelope its handler returned (an empty one with the request's id if
+    /// it returned nil). Waits at most `timeout` to send and then at most
+    /// `replyTimeout` for the reply. Any thread; blocks; one request at a
+    /// time per `RemotePort`.
+    ///
+    /// - Throws: as `send`, and `.replyTimedOut`, or `.peerGone` if the
+    ///   owner died or dropped the connection before replying.
+    public func sendRequest(_ message: PortEnvelope, timeout: Duration, replyTimeout: Duration) throws(PortError) -> PortEnvelope {
+        require(timeout >= .zero, "RemotePort.sendRequest: `timeout` is \(timeout); it cannot be negative")
+        require(replyTimeout >= .zero, "RemotePort.sendRequest: `replyTimeout` is \(replyTimeout); it cannot be negative")
+        requestLock.lock()
+        defer { requestLock.unlock() }
+        let sequence = nextSequence
+        nextSequence += 1
+        let record = try PortWire.encode(message, kind: .request, sequence: sequence, descriptors: transport == .local)
+        defer { PortSocketCalls.close(record.fds) }
+        let buffer = replyBuffer ?? {
+            let b = UnsafeMutableRawBufferPointer.allocate(byteCount: PortWire.recordCapacity, alignment: 8)
+            replyBuffer = b
+            return b
+        }()
+        return try withDescriptor { fd throws(PortError) -> PortEnvelope in
+            try write(record, to: fd, before: MonotonicClock.now.advanced(by: timeout))
+            let deadline = MonotonicClock.now.advanced(by: replyTimeout)
+            if transport == .stream {
+                return try streamReply(fd, sequence: sequence, buffer: buffer, before: deadline, replyTimeout: replyTimeout)
+            }
+            while true {
+                switch PortSocketCalls.receive(fd, into: buffer) {
+                case .record(let count, let fds, let truncated):
+                    guard !truncated else {
+                        PortSocketCalls.close(fds)
+                        throw .malformed("a reply larger than a record can be")
+                    }
+                    let decoded = try PortWire.decode(UnsafeRawBufferPointer(buffer), count: count, fds: fds)
+                    // A late reply to an earlier request that timed out: skip it.
+                    if decoded.kind == .reply && decoded.sequence == sequence { return decoded.envelope }
+                case .nothing:
+                    guard PortSocketCalls.waitReadable(fd, before: deadline) else { throw .replyTimedOut(after: replyTimeout) }
+                case .closed:
+                    throw .peerGone
+                }
+            }
+        }
+    }
+
+    /// Reads frames from a stream until the reply to request `sequence`.
+    /// Under `requestLock`.
+    private func streamReply(
+        _ fd: Int32, sequence: UInt64, buffer: UnsafeMutableRawBufferPointer, before deadline: MonotonicClock.Instant,
+        replyTimeout: Duration
+    ) throws(PortError) -> PortEnvelope {
+        while true {
+            while let frame = try replyFrames.next() {
+                let decoded = try PortWire.decode(frame: frame)
+                if decoded.kind == .reply && decoded.sequence == sequence { return decoded.envelope }
+            }
+            switch PortSocketCalls.streamReceive(fd, into: buffer) {
+            case .bytes(let n):
+                replyFrames.append(UnsafeRawBufferPointer(rebasing: buffer[0..<n]))
+            case .nothing:
+                guard PortSocketCalls.waitReadable(fd, before: deadline) else { throw .replyTimedOut(after: replyTimeout) }
+            case .closed:
+                throw .peerGone
+            }
+        }
+    }
+
+    /// Closes this send right: later sends throw `.invalidated`. A send or
+    /// request waiting right now returns with `.invalidated`; to wake it,
+    /// the connection is shut down, which ends it for every holder of a
+    /// copy passed in a message too. Without a send in progress, only this
+    /// descriptor closes: copies passed in messages go on working. Any
+    /// thread; calling it again does nothing. The owner sees the connection
+    /// close when the last copy closes.
+    public func invalidate() {
+        let close: Int32? = lock.withLock {
+            guard state.valid else { return nil }
+            state.valid = false
+            // A thread sending or waiting for a reply right now polls the
+            // socket: shutting it down wakes it (the last user closes it).
+            // Without users, closing is enough, and leaves alone the same
+            // connection's other descriptors: those passed in messages.
+            guard state.users == 0 else {
+                PortSocketCalls.shutdown(state.fd)
+                return nil
+            }
+            defer { state.fd = -1 }
+            return state.fd
+        }
+        if let close { PortSocketCalls.close(close) }
+    }
+
+    /// A new descriptor for the same connection, for a message that carries
+    /// this port (the message's sender closes it once sent).
+    func duplicateDescriptor() throws(PortError) -> Int32 {
+        try withDescriptor { fd throws(PortError) in try PortSocketCalls.duplicate(fd) }
+    }
+
+    /// Runs `body` with the descriptor, which stays open meanwhile even if
+    /// another thread invalidates the port; an error after invalidation
+    /// becomes `.invalidated`.
+    private func withDescriptor<R>(_ body: (Int32) throws(PortError) -> R) throws(PortError) -> R {
+        let fd: Int32 = try lock.withLock { () throws(PortError) -> Int32 in
+            guard state.valid else { throw .invalidated }
+            state.users += 1
+            return state.fd
+        }
+        defer {
+            let close: Int32? = lock.withLock {
+                state.users -= 1
+                guard !state.valid, state.users == 0, state.fd >= 0 else { return nil }
+                defer { state.fd = -1 }
+                return state.fd
+            }
+            if let close { PortSocketCalls.close(close) }
+        }
+        do {
+            return try body(fd)
+        } catch {
+            if !isValid { throw .invalidated }
+            throw error
+        }
+    }
+}

@@ -1,0 +1,556 @@
+import CShims
+import Spindle
+import Testing
+import TestSupport
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A port name no other test (or earlier run) uses.
+private func uniqueName(_ what: String) -> String {
+    "test.\(getpid()).\(what).\(UInt32.random(in: 0...UInt32.max))"
+}
+
+private func bytes(_ s: String) -> PortEnvelope.Component { .bytes(Array(s.utf8)) }
+
+private func text(_ m: PortEnvelope, _ i: Int = 0) -> String {
+    guard i < m.components.count else { return "" }
+    return String(decoding: m.components[i].bytes ?? [], as: UTF8.self)
+}
+
+/// A loop thread that receives on a `NamedPort`; stopped and joined by `finish`.
+private final class Owner: Sendable {
+    let thread: LoopThread
+    let port: NamedPort
+    init(_ port: NamedPort, backend: EventBackendKind? = nil) throws {
+        thread = try LoopThread.start(backend: backend)
+        self.port = port
+        thread.loop.add(port)
+    }
+    func finish() throws {
+        port.invalidate()
+        thread.stop()
+        try thread.join()
+    }
+}
+
+/// The exit status of child `pid`: its code, or 128 + the signal that ended it.
+private func waitFor(_ pid: pid_t) -> Int32 {
+    var status: Int32 = 0
+    guard waitpid(pid, &status, 0) == pid else { return 255 }
+    let signal = status & 0x7f
+    return signal == 0 ? (status >> 8) & 0xff : 128 + signal
+}
+
+@Suite("NamedPort")
+struct NamedPortTests {
+    // MARK: In one process (the API; the names are real abstract sockets)
+
+    @Test(arguments: availableBackends)
+    func lookupSendAndRequestReply(kind: EventBackendKind) throws {
+        let name = uniqueName("basic")
+        let got = LockedValue<[String]>([])
+        let owner = try Owner(
+            NamedPort(name: name) { m in
+                got.withLock { $0.append("\(m.id):\(text(m))") }
+                return m.id == 2 ? PortEnvelope(id: 20, components: [bytes(text(m).uppercased())]) : nil
+            }, backend: kind)
+        let remote = try RemotePort.lookup(name)
+        #expect(remote.name == name)
+        try remote.send(PortEnvelope(id: 1, components: [bytes("one-way")]), timeout: .seconds(1))
+        let reply = try remote.sendRequest(PortEnvelope(id: 2, components: [bytes("ask")]), timeout: .seconds(1), replyTimeout: .seconds(5))
+        #expect(reply.id == 20)
+        #expect(text(reply) == "ASK")
+        // A handler that returns nil still answers a request: empty, same id.
+        let empty = try remote.sendRequest(PortEnvelope(id: 3), timeout: .seconds(1), replyTimeout: .seconds(5))
+        #expect(empty.id == 3 && empty.components.isEmpty)
+        #expect(got.withLock { $0 } == ["1:one-way", "2:ask", "3:"])
+        #expect(owner.port.connectionCount == 1)
+        try owner.finish()
+    }
+
+    @Test func aTakenNameThrowsNameTaken() throws {
+        let name = uniqueName("taken")
+        let first = try NamedPort(name: name) { _ in nil }
+        #expect(throws: PortError.nameTaken(name)) { _ = try NamedPort(name: name) { _ in nil } }
+        first.invalidate()
+        // Invalidation gives the name back at once.
+        let second = try NamedPort(name: name) { _ in nil }
+        second.invalidate()
+    }
+
+    @Test func anUnknownNameThrowsNameNotFound() {
+        let name = uniqueName("nobody-here")
+        #expect(throws: PortError.nameNotFound(name)) { _ = try RemotePort.lookup(name) }
+    }
+
+    /// Invalidating the owner's port: its name is gone (lookups fail) and
+    /// connected senders learn it (`.peerGone`); observers run once.
+    @Test(arguments: availableBackends)
+    func invalidationFreesTheNameAndSendersLearnIt(kind: EventBackendKind) throws {
+        let name = uniqueName("invalidate")
+        let owner = try Owner(NamedPort(name: name) { _ in nil }, backend: kind)
+        let told = LockedValue(0)
+        owner.port.onInvalidation { _ in told.withLock { $0 += 1 } }
+        let remote = try RemotePort.lookup(name)
+        try remote.send(PortEnvelope(id: 1), timeout: .seconds(1))
+        owner.port.invalidate()
+        #expect(told.withLock { $0 } == 1)
+        #expect(throws: PortError.nameNotFound(name)) { _ = try RemotePort.lookup(name) }
+        #expect(throws: PortError.peerGone) { try remote.send(PortEnvelope(id: 2), timeout: .seconds(1)) }
+        #expect(throws: PortError.peerGone) {
+            _ = try remote.sendRequest(PortEnvelope(id: 3), timeout: .seconds(1), replyTimeout: .seconds(1))
+        }
+        remote.invalidate()
+        #expect(throws: PortError.invalidated) { try remote.send(PortEnvelope(id: 4), timeout: .seconds(1)) }
+        try owner.finish()
+        #expect(told.withLock { $0 } == 1)
+    }
+
+    /// The receiving loop's thread exiting invalidates the port.
+    @Test func theLoopThreadsExitInvalidatesThePort() throws {
+        let name = uniqueName("loop-death")
+        let owner = try Owner(NamedPort(name: name) { _ in nil })
+        owner.thread.stop()
+        try owner.thread.join()
+        #expect(!owner.port.isValid)
+        #expect(throws: PortError.nameNotFound(name)) { _ = try RemotePort.lookup(name) }
+    }
+
+    /// A message's `.remotePort` component arrives as a port the receiver
+    /// can send on (here in one process, so a send right made from an
+    /// unpublished port).
+    @Test(arguments: availableBackends)
+    func aSendRightInAMessageIsAUsablePort(kind: EventBackendKind) throws {
+        let name = uniqueName("rights")
+        let server = try Owner(
+            NamedPort(name: name) { m in
+                guard let back = m.components.last?.remotePort else { return nil }
+                try? back.send(PortEnvelope(id: m.id + 1, components: [m.components[0]]), timeout: .seconds(1))
+                back.invalidate()
+                return nil
+            }, backend: kind)
+        let answers = LockedValue<[String]>([])
+        let client = try Owner(NamedPort { m in answers.withLock { $0.append("\(m.id):\(text(m))") }; return nil }, backend: kind)
+        let right = try client.port.makeSendRight()
+        let remote = try RemotePort.lookup(name)
+        try remote.send(PortEnvelope(id: 7, components: [bytes("via right"), .remotePort(right)]), timeout: .seconds(1))
+        right.invalidate()
+        let deadline = MonotonicClock.now.advanced(by: .seconds(10))
+        while answers.withLock({ $0.isEmpty }) && MonotonicClock.now < deadline { usleep(1_000) }
+        #expect(answers.withLock { $0 } == ["8:via right"])
+        try server.finish()
+        try client.finish()
+    }
+
+    /// Bytes above the inline budget travel in a sealed memfd; up to the
+    /// limit they arrive intact, above it the send is refused.
+    @Test func largeMessagesArriveIntactAndOversizeIsRefused() throws {
+        let name = uniqueName("large")
+        let sizes = LockedValue<[Int]>([])
+        let sums = LockedValue<[UInt64]>([])
+        let owner = try Owner(
+            NamedPort(name: name) { m in
+                sizes.withLock { $0.append(m.byteCount) }
+                sums.withLock { $0.append(m.components.compactMap(\.bytes).joined().reduce(0) { $0 &+ UInt64($1) }) }
+                return PortEnvelope(id: m.id)
+            })
+        let remote = try RemotePort.lookup(name)
+        let big = [UInt8]((0..<(3 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 31) })
+        let small = [UInt8](repeating: 1, count: 100)
+        let expectedSum = big.reduce(0) { $0 &+ UInt64($1) } &+ 100
+        _ = try remote.sendRequest(PortEnvelope(id: 1, components: [.bytes(small), .bytes(big)]), timeout: .seconds(5), replyTimeout: .seconds(10))
+        #expect(sizes.withLock { $0 } == [big.count + 100])
+        #expect(sums.withLock { $0 } == [expectedSum])
+        let tooBig = PortEnvelope(components: [.bytes([UInt8](repeating: 0, count: PortEnvelope.maximumByteCount + 1))])
+        #expect(throws: PortError.messageTooLarge(byteCount: PortEnvelope.maximumByteCount + 1, limit: PortEnvelope.maximumByteCount)) {
+            try remote.send(tooBig, timeout: .seconds(1))
+        }
+        try owner.finish()
+    }
+
+    @Test func aLocalPortCannotCrossAProcessBoundary() throws {
+        let name = uniqueName("local")
+        let owner = try Owner(NamedPort(name: name) { _ in nil })
+        let remote = try RemotePort.lookup(name)
+        let local = LocalPort { _ in }
+        #expect(throws: PortError.notTransferable("a LocalPort (a component)")) {
+            try remote.send(PortEnvelope(components: [.port(local)]), timeout: .seconds(1))
+        }
+        #expect(throws: PortError.notTransferable("a LocalPort (the envelope's replyPort)")) {
+            try remote.send(PortEnvelope(replyPort: local), timeout: .seconds(1))
+        }
+        local.invalidate()
+        try owner.finish()
+    }
+
+    /// A receiver whose loop never reads: the socket buffer fills and the
+    /// sender's timeout fires; a request nobody answers times out too.
+    @Test func aReceiverThatNeverReadsTimesTheSenderOut() throws {
+        let name = uniqueName("stalled")
+        let release = Latch()
+        let owner = try Owner(NamedPort(name: name) { m in
+            if m.id == 1 { _ = release.wait(seconds: 30) }  // the loop stalls in the handler
+            return nil
+        })
+        let remote = try RemotePort.lookup(name)
+        try remote.send(PortEnvelope(id: 1), timeout: .seconds(1))
+        #expect(throws: PortError.self) {
+            _ = try remote.sendRequest(PortEnvelope(id: 2), timeout: .seconds(1), replyTimeout: .milliseconds(50))
+        }
+        var timedOut = false
+        let chunk = PortEnvelope(id: 3, components: [.bytes([UInt8](repeating: 0, count: 60_000))])
+        for _ in 0..<1_000 {
+            do throws(PortError) {
+                try remote.send(chunk, timeout: .milliseconds(20))
+            } catch {
+                if case .timedOut = error { timedOut = true }
+                break
+            }
+        }
+        #expect(timedOut)
+        release.countDown()
+        try owner.finish()
+    }
+
+    /// A connection that sends a malformed record is closed, and only it:
+    /// another sender's messages still arrive.
+    @Test func aMalformedMessageClosesOnlyItsConnection() throws {
+        let name = uniqueName("malformed")
+        let got = LockedValue<[UInt32]>([])
+        let owner = try Owner(NamedPort(name: name) { m in got.withLock { $0.append(m.id) }; return nil })
+        let good = try RemotePort.lookup(name)
+        // A raw connection: read the greeting, then send garbage.
+        let address = Array("spindle.\(geteuid()).\(name)".utf8)
+        let raw = address.withUnsafeBufferPointer { cshims_port_connect($0.baseAddress, $0.count) }
+        #expect(raw >= 0)
+        #expect(cshims_port_poll(raw, 1, 5_000_000_000) == 1)
+        var greeting = [UInt8](repeating: 0, count: 64)
+        #expect(read(raw, &greeting, 64) == 24)
+        var garbage = [UInt8](repeating: 0xEE, count: 40)
+        #expect(write(raw, &garbage, garbage.count) == 40)
+        // The owner closes it: reading gives end of file.
+        #expect(cshims_port_poll(raw, 1, 5_000_000_000) == 1)
+        #expect(read(raw, &greeting, 64) == 0)
+        close(raw)
+        try good.send(PortEnvelope(id: 5), timeout: .seconds(1))
+        _ = try good.sendRequest(PortEnvelope(id: 6), timeout: .seconds(1), replyTimeout: .seconds(5))
+        #expect(got.withLock { $0 } == [5, 6])
+        #expect(owner.port.malformedMessages == 1)
+        try owner.finish()
+    }
+
+    @Test func aBadNameIsMisuse() async {
+        let r = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+            _ = try? NamedPort(name: "") { _ in nil }
+        }
+        let empty = String(decoding: r?.standardErrorContent ?? [], as: UTF8.self)
+        #expect(empty.contains("NamedPort.init: the port name is empty"))
+        let long = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+            _ = try? RemotePort.lookup(String(repeating: "x", count: 200))
+        }
+        let message = String(decoding: long?.standardErrorContent ?? [], as: UTF8.self)
+        #expect(message.contains("RemotePort.lookup: the port name is 200 bytes"))
+    }
+
+    /// More descriptors than one message can carry across processes is a
+    /// specific error, and nothing is sent.
+    @Test func tooManyDescriptorsInOneMessageIsRefused() throws {
+        let name = uniqueName("fds")
+        let owner = try Owner(NamedPort(name: name) { _ in nil })
+        let remote = try RemotePort.lookup(name)
+        let unpublished = NamedPort { _ in nil }
+        let right = try unpublished.makeSendRight()
+        let many = PortEnvelope(components: Array(repeating: .remotePort(right), count: 254))
+        #expect(throws: PortError.tooManyComponents(count: 254, limit: 253)) { try remote.send(many, timeout: .seconds(1)) }
+        right.invalidate()
+        unpublished.invalidate()
+        try owner.finish()
+    }
+
+    // MARK: Across processes (fork inside an exit test, so the test runner's threads are not forked)
+
+    /// The guide's named-port check-in across processes, plus one-way
+    /// order, request/reply and a send right that crosses the boundary: the
+    /// child looks the launcher's name up, checks in with its own port's
+    /// send right, sends 1,000 numbered messages and a request; the launcher
+    /// answers on the child's port.
+    @Test func checkInAndTrafficBetweenTwoProcesses() async {
+        await #expect(processExitsWith: .success) {
+            exit(twoProcessCheckIn())
+        }
+    }
+
+    /// The owner process dies: the name disappears (lookup: `.nameNotFound`)
+    /// and a connected sender learns it (`.peerGone`).
+    @Test func theOwnersDeathFreesTheNameAndSendersLearnIt() async {
+        await #expect(processExitsWith: .success) {
+            exit(ownerDies())
+        }
+    }
+
+    /// 8 processes × 100,000 messages to one named port: none lost, none
+    /// duplicated, in order per sender.
+    @Test func eightProcessesTimes100kMessages() async {
+        await #expect(processExitsWith: .success) {
+            exit(manySenders(processes: 8, messages: 100_000))
+        }
+    }
+
+    /// As root: a process of user `nobody` is refused by a port that admits
+    /// only its own user (`.accessDenied`), and admitted by one opened to any
+    /// user; a `nobody` process squatting on root's name is detected
+    /// (`.foreignOwner`).
+    @Test(.enabled(if: geteuid() == 0, "needs root to run a child process as nobody"))
+    func aForeignUserIsRefusedAndASquatterDetected() async {
+        await #expect(processExitsWith: .success) {
+            exit(foreignUser())
+        }
+    }
+}
+
+// MARK: - Process bodies (return 0 when every check passed, else the failed check's number)
+
+private let nobody: uid_t = 65534
+
+/// Forks a child that waits for `go()` before it runs `body` (as user
+/// `nobody` if asked) and exits with its result. The parent forks before it
+/// starts any thread of its own: a child forked while another thread holds
+/// a lock (the runtime's, malloc's, a loop's) may wait for it forever.
+private func forkGated(asNobody: Bool = false, _ body: () -> Int32) -> (pid: pid_t, go: () -> Void) {
+    var gate: [Int32] = [0, 0]
+    guard pipe(&gate) == 0 else { return (-1, {}) }
+    let child = fork()
+    if child == 0 {
+        armHangAlarm(seconds: 240)  // a hang fails the test instead of stalling it
+        close(gate[1])
+        if asNobody {
+            guard setgid(nobody) == 0, setuid(nobody) == 0 else { _exit(99) }
+        }
+        var b: UInt8 = 0
+        guard read(gate[0], &b, 1) == 1 else { _exit(98) }
+        _exit(body())
+    }
+    close(gate[0])
+    let writeEnd = gate[1]
+    return (child, {
+        var b: UInt8 = 1
+        _ = write(writeEnd, &b, 1)
+        close(writeEnd)
+    })
+}
+
+private func twoProcessCheckIn() -> Int32 {
+    let name = uniqueName("launcher")
+    let order = LockedValue<[Int]>([])
+    let checkedIn = LockedValue<RemotePort?>(nil)
+    let requests = LockedValue(0)
+    let worker = forkGated { checkInWorker(launcherName: name) }
+    guard worker.pid > 0 else { return 2 }
+    guard let launcher = try? Owner(
+        NamedPort(name: name) { m in
+            switch m.id {
+            case 100:  // check-in: the worker's send right
+                checkedIn.withLock { $0 = m.components.first?.remotePort }
+                try? m.components.first?.remotePort?.send(PortEnvelope(id: 101, components: [bytes("welcome")]), timeout: .seconds(5))
+            case 1:
+                let i = m.components[0].bytes!.withUnsafeBytes { $0.loadUnaligned(as: UInt32.self) }
+                order.withLock { $0.append(Int(i)) }
+            case 2:
+                requests.withLock { $0 += 1 }
+                return PortEnvelope(id: 2, components: [bytes(text(m).uppercased())])
+            default: break
+            }
+            return nil
+        })
+    else { return 1 }
+    worker.go()
+    let status = waitFor(worker.pid)
+    guard status == 0 else { return 10 + min(status, 100) }
+    guard order.withLock({ $0 }) == Array(0..<1_000) else { return 3 }
+    guard requests.withLock({ $0 }) == 1 else { return 4 }
+    guard checkedIn.withLock({ $0 }) != nil else { return 5 }
+    guard (try? launcher.finish()) != nil else { return 6 }
+    return 0
+}
+
+/// The worker (child) side: returns 0 on success.
+private func checkInWorker(launcherName: String) -> Int32 {
+    guard let launcher = try? RemotePort.lookup(launcherName) else { return 1 }
+    let welcomed = Latch()
+    guard let mine = try? Owner(NamedPort { m in
+        if m.id == 101 && text(m) == "welcome" { welcomed.countDown() }
+        return nil
+    }) else { return 2 }
+    guard let right = try? mine.port.makeSendRight() else { return 3 }
+    guard (try? launcher.send(PortEnvelope(id: 100, components: [.remotePort(right)]), timeout: .milliseconds(100))) != nil else { return 4 }
+    right.invalidate()
+    guard welcomed.wait(seconds: 30) else { return 5 }
+    for i in 0..<1_000 {
+        let m = PortEnvelope(id: 1, components: [.bytes(withUnsafeBytes(of: UInt32(i)) { Array($0) })])
+        guard (try? launcher.send(m, timeout: .seconds(5))) != nil else { return 6 }
+    }
+    guard let reply = try? launcher.sendRequest(PortEnvelope(id: 2, components: [bytes("hello")]), timeout: .seconds(5), replyTimeout: .seconds(10)),
+        text(reply) == "HELLO"
+    else { return 7 }
+    guard (try? mine.finish()) != nil else { return 8 }
+    return 0
+}
+
+private func ownerDies() -> Int32 {
+    let name = uniqueName("mortal")
+    var ready: [Int32] = [0, 0]
+    guard pipe(&ready) == 0 else { return 1 }
+    let child = fork()
+    if child == 0 {
+        armHangAlarm(seconds: 60)
+        guard let owner = try? Owner(NamedPort(name: name) { m in PortEnvelope(id: m.id) }) else { _exit(1) }
+        var b: UInt8 = 1
+        _ = write(ready[1], &b, 1)
+        while true { pause() }  // killed by the parent
+        _ = owner
+    }
+    guard child > 0 else { return 2 }
+    var b: UInt8 = 0
+    guard read(ready[0], &b, 1) == 1 else { return 3 }
+    guard let remote = try? RemotePort.lookup(name) else { return 4 }
+    guard (try? remote.sendRequest(PortEnvelope(id: 9), timeout: .seconds(5), replyTimeout: .seconds(10)))?.id == 9 else { return 5 }
+    kill(child, SIGKILL)
+    guard waitFor(child) == 128 + SIGKILL else { return 6 }
+    // The kernel releases the dead owner's sockets at once, or (when its
+    // loop polled them with io_uring) once the ring is torn down: until
+    // then a send may still be buffered. Within 10 s it must fail.
+    let deadline = MonotonicClock.now.advanced(by: .seconds(10))
+    var learned = false
+    while !learned && MonotonicClock.now < deadline {
+        do throws(PortError) {
+            try remote.send(PortEnvelope(id: 10), timeout: .seconds(1))
+            usleep(1_000)
+        } catch {
+            guard error == .peerGone else { return 8 }
+            learned = true
+        }
+    }
+    guard learned else { return 7 }
+    // The name goes with the listening socket, on the same schedule.
+    var gone = false
+    while !gone && MonotonicClock.now < deadline {
+        do throws(PortError) {
+            _ = try RemotePort.lookup(name, timeout: .seconds(1))
+            return 9
+        } catch {
+            switch error {
+            case .nameNotFound(name): gone = true
+            case .timedOut: continue
+            default: return 10
+            }
+        }
+    }
+    return gone ? 0 : 11
+}
+
+private func manySenders(processes: Int, messages: Int) -> Int32 {
+    let name = uniqueName("many")
+    // Per sender: the next index expected, and faults seen. Loop thread only.
+    let next = LockedValue([Int](repeating: 0, count: processes))
+    let faults = LockedValue(0)
+    var children: [(pid: pid_t, go: () -> Void)] = []
+    for s in 0..<processes {
+        let child = forkGated {
+            guard let remote = try? RemotePort.lookup(name, timeout: .seconds(30)) else { return 1 }
+            for i in 0..<messages {
+                let m = PortEnvelope(id: 1, components: [.bytes(withUnsafeBytes(of: (UInt32(s), UInt32(i))) { Array($0) })])
+                guard (try? remote.send(m, timeout: .seconds(30))) != nil else { return 2 }
+            }
+            // A last request: its reply means every message before it was handled.
+            let end = PortEnvelope(id: 2, components: [.bytes(withUnsafeBytes(of: (UInt32(s), UInt32(messages))) { Array($0) })])
+            guard (try? remote.sendRequest(end, timeout: .seconds(30), replyTimeout: .seconds(60))) != nil else { return 3 }
+            return 0
+        }
+        guard child.pid > 0 else { return 2 }
+        children.append(child)
+    }
+    guard let owner = try? Owner(
+        NamedPort(name: name) { m in
+            let b = m.components[0].bytes!
+            let (s, i) = b.withUnsafeBytes { (Int($0.loadUnaligned(as: UInt32.self)), Int($0.loadUnaligned(fromByteOffset: 4, as: UInt32.self))) }
+            next.withLock {
+                if $0[s] != i { faults.withLock { $0 += 1 } }
+                $0[s] = max($0[s], i + 1)
+            }
+            return m.id == 2 ? PortEnvelope(id: 2) : nil
+        })
+    else { return 1 }
+    for child in children { child.go() }
+    for child in children where waitFor(child.pid) != 0 { return 3 }
+    guard faults.withLock({ $0 }) == 0 else { return 4 }
+    guard next.withLock({ $0 }) == [Int](repeating: messages + 1, count: processes) else { return 5 }
+    guard (try? owner.finish()) != nil else { return 6 }
+    return 0
+}
+
+private func foreignUser() -> Int32 {
+    // 1. Default access: nobody is refused.
+    let name = uniqueName("private")
+    let refused = forkGated(asNobody: true) {
+        do throws(PortError) {
+            _ = try RemotePort.lookup(name, owner: 0)
+            return 1
+        } catch {
+            return error == .accessDenied(name) ? 0 : 2
+        }
+    }
+    let open = uniqueName("open")
+    let admitted = forkGated(asNobody: true) {
+        guard let remote = try? RemotePort.lookup(open, owner: 0),
+            let reply = try? remote.sendRequest(PortEnvelope(id: 1), timeout: .seconds(5), replyTimeout: .seconds(10)),
+            reply.id == 2
+        else { return 1 }
+        return 0
+    }
+    guard refused.pid > 0, admitted.pid > 0 else { return 97 }
+    guard let owner = try? Owner(NamedPort(name: name) { _ in nil }) else { return 1 }
+    refused.go()
+    var status = waitFor(refused.pid)
+    guard status == 0 else { return 10 + status }
+    guard owner.port.refusedConnections == 1 else { return 3 }
+    guard (try? owner.finish()) != nil else { return 4 }
+
+    // 2. Opened to any user: nobody gets in and is answered.
+    guard let openOwner = try? Owner(NamedPort(name: open, access: .anyUser) { m in PortEnvelope(id: m.id + 1) }) else { return 5 }
+    admitted.go()
+    status = waitFor(admitted.pid)
+    guard status == 0 else { return 20 + status }
+    guard (try? openOwner.finish()) != nil else { return 6 }
+
+    // 3. A squatter: nobody publishes under root's name; root's lookup
+    // sees the holder is not root and sends nothing.
+    let squatted = uniqueName("squatted")
+    var ready: [Int32] = [0, 0]
+    guard pipe(&ready) == 0 else { return 7 }
+    let squatter = fork()
+    if squatter == 0 {
+        armHangAlarm(seconds: 60)
+        guard setgid(nobody) == 0, setuid(nobody) == 0 else { _exit(1) }
+        let address = Array("spindle.0.\(squatted)".utf8)
+        let fd = address.withUnsafeBufferPointer { cshims_port_listen($0.baseAddress, $0.count, 8) }
+        guard fd >= 0 else { _exit(2) }
+        var b: UInt8 = 1
+        _ = write(ready[1], &b, 1)
+        while true { pause() }
+    }
+    var b: UInt8 = 0
+    guard squatter > 0, read(ready[0], &b, 1) == 1 else { return 8 }
+    var result: Int32 = 0
+    do throws(PortError) {
+        _ = try RemotePort.lookup(squatted)
+        result = 9
+    } catch {
+        if error != .foreignOwner(name: squatted, uid: nobody) { result = 30 }
+    }
+    kill(squatter, SIGKILL)
+    _ = waitFor(squatter)
+    return result
+}
+

@@ -1,0 +1,298 @@
+import CShims
+import Spindle
+import Testing
+import TestSupport
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A loop thread that receives on a `NetworkPort`.
+private final class Listener: Sendable {
+    let thread: LoopThread
+    let port: NetworkPort
+    init(_ port: NetworkPort, backend: EventBackendKind? = nil) throws {
+        thread = try LoopThread.start(backend: backend)
+        self.port = port
+        thread.loop.add(port)
+    }
+    func finish() throws {
+        port.invalidate()
+        thread.stop()
+        try thread.join()
+    }
+}
+
+/// A raw TCP connection to `port` on loopback, for writing bytes that no
+/// `RemotePort` would.
+private func rawConnection(_ port: UInt16) -> Int32 {
+    cshims_port_tcp_connect("127.0.0.1", port, 5_000_000_000)
+}
+
+private func writeAll(_ fd: Int32, _ bytes: [UInt8]) -> Bool {
+    bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) } == bytes.count
+}
+
+/// Waits (up to 10 s) until `condition` holds.
+private func eventually(_ condition: () -> Bool) -> Bool {
+    let deadline = MonotonicClock.now.advanced(by: .seconds(10))
+    while !condition() {
+        if MonotonicClock.now >= deadline { return false }
+        usleep(1_000)
+    }
+    return true
+}
+
+private func littleEndian(_ v: UInt32) -> [UInt8] { withUnsafeBytes(of: v.littleEndian) { Array($0) } }
+
+@Suite("NetworkPort")
+struct NetworkPortTests {
+    /// Over loopback: one-way messages (a burst of 200 messages under 12
+    /// bytes, which Foundation's SocketPort drops) arrive in order, a
+    /// request gets its reply, and a 3 MiB message arrives whole.
+    @Test(arguments: availableBackends)
+    func messagesRequestsAndLargeFramesOverLoopback(kind: EventBackendKind) throws {
+        let got = LockedValue<[UInt32]>([])
+        let sizes = LockedValue<[Int]>([])
+        let listener = try Listener(
+            NetworkPort { m in
+                got.withLock { $0.append(m.id) }
+                sizes.withLock { $0.append(m.byteCount) }
+                return m.id == 1_000 ? PortEnvelope(id: 1_001, components: m.components) : nil
+            }, backend: kind)
+        #expect(listener.port.port != 0)
+        let remote = try RemotePort.connect(host: "127.0.0.1", port: listener.port.port)
+        #expect(remote.name == "127.0.0.1:\(listener.port.port)")
+        for i in 0..<200 {
+            try remote.send(PortEnvelope(id: UInt32(i), components: [.bytes([UInt8(i & 0xff)])]), timeout: .seconds(5))
+        }
+        let big = [UInt8]((0..<(3 << 20)).map { UInt8(truncatingIfNeeded: $0 &* 7) })
+        let reply = try remote.sendRequest(PortEnvelope(id: 1_000, components: [.bytes(big)]), timeout: .seconds(10), replyTimeout: .seconds(20))
+        #expect(reply.id == 1_001)
+        #expect(reply.components.first?.bytes == big)
+        #expect(got.withLock { $0 } == Array(0..<200) + [1_000])
+        #expect(sizes.withLock { $0.last } == big.count)
+        remote.invalidate()
+        try listener.finish()
+    }
+
+    /// An oversize length, a record that does not add up, and a stream cut
+    /// in the middle of a frame each close their own connection only; a
+    /// well-behaved sender on another connection is still served.
+    @Test func badFramesCloseOnlyTheirConnection() throws {
+        let got = LockedValue<[UInt32]>([])
+        let listener = try Listener(NetworkPort { m in got.withLock { $0.append(m.id) }; return nil })
+        let port = listener.port.port
+        let good = try RemotePort.connect(host: "127.0.0.1", port: port)
+        try good.send(PortEnvelope(id: 1), timeout: .seconds(5))
+
+        // 1. A length over the limit.
+        let oversize = rawConnection(port)
+        #expect(oversize >= 0)
+        #expect(writeAll(oversize, littleEndian(UInt32.max)))
+        #expect(eventually { listener.port.malformedFrames == 1 })
+        var byte: UInt8 = 0
+        #expect(read(oversize, &byte, 1) <= 0)  // closed by the port
+        close(oversize)
+
+        // 2. A frame of the right length whose record is garbage.
+        let garbage = rawConnection(port)
+        #expect(writeAll(garbage, littleEndian(40) + [UInt8](repeating: 0xEE, count: 40)))
+        #expect(eventually { listener.port.malformedFrames == 2 })
+        close(garbage)
+
+        // 3. Half a frame, then the end of the stream.
+        let truncated = rawConnection(port)
+        #expect(writeAll(truncated, littleEndian(100) + [UInt8](repeating: 0, count: 10)))
+        usleep(20_000)
+        close(truncated)
+        #expect(eventually { listener.port.malformedFrames == 3 })
+
+        try good.send(PortEnvelope(id: 2), timeout: .seconds(5))
+        _ = try good.sendRequest(PortEnvelope(id: 3), timeout: .seconds(5), replyTimeout: .seconds(10))
+        #expect(got.withLock { $0 } == [1, 2, 3])
+        try listener.finish()
+    }
+
+    @Test func nothingListeningAndAnAddressInUseAreSpecificErrors() throws {
+        let first = try NetworkPort { _ in nil }
+        #expect(throws: PortError.nameTaken("127.0.0.1:\(first.port)")) {
+            _ = try NetworkPort(port: first.port) { _ in nil }
+        }
+        let freed = first.port
+        first.invalidate()
+        #expect(throws: PortError.nameNotFound("127.0.0.1:\(freed)")) {
+            _ = try RemotePort.connect(host: "127.0.0.1", port: freed)
+        }
+        #expect(throws: PortError.self) { _ = try NetworkPort(host: "not-an-address") { _ in nil } }
+    }
+
+    /// Ports do not travel between hosts; invalidating the listener ends
+    /// its connections, and the sender learns it.
+    @Test func portsDoNotTravelAndInvalidationReachesTheSender() throws {
+        let listener = try Listener(NetworkPort { _ in nil })
+        let remote = try RemotePort.connect(host: "127.0.0.1", port: listener.port.port)
+        let unpublished = NamedPort { _ in nil }
+        let right = try unpublished.makeSendRight()
+        #expect(throws: PortError.notTransferable("a RemotePort (to another host)")) {
+            try remote.send(PortEnvelope(components: [.remotePort(right)]), timeout: .seconds(1))
+        }
+        right.invalidate()
+        unpublished.invalidate()
+        _ = try remote.sendRequest(PortEnvelope(id: 5), timeout: .seconds(5), replyTimeout: .seconds(10))
+        #expect(listener.port.connectionCount == 1)
+        let told = LockedValue(0)
+        listener.port.onInvalidation { _ in told.withLock { $0 += 1 } }
+        listener.port.invalidate()
+        #expect(told.withLock { $0 } == 1)
+        #expect(throws: PortError.peerGone) {
+            _ = try remote.sendRequest(PortEnvelope(id: 6), timeout: .seconds(5), replyTimeout: .seconds(10))
+        }
+        try listener.finish()
+    }
+}
+
+// MARK: - Two hosts on one machine
+
+/// Whether this process may make network namespaces (root, and a sandbox
+/// that allows them).
+private func canMakeNetworkNamespaces() -> Bool {
+    guard geteuid() == 0 else { return false }
+    let probe = "spindle-probe-\(getpid())"
+    return system("ip netns add \(probe) >/dev/null 2>&1 && ip netns del \(probe) >/dev/null 2>&1") == 0
+}
+
+@Suite("NetworkPort between two hosts")
+struct NetworkPortHostsTests {
+    /// Two network namespaces joined by a veth pair, a NetworkPort in one
+    /// and its sender in the other (each a process of its own): 1,000
+    /// messages arrive in order; with the link taken down a request times
+    /// out (`.replyTimedOut`) and the sender survives; with the link back up
+    /// the same connection carries on and nothing was lost.
+    @Test(.enabled(if: canMakeNetworkNamespaces(), "needs root and network namespaces (ip netns)"))
+    func twoHostsOverAVethPairWithTheLinkTakenDown() async {
+        await #expect(processExitsWith: .success) {
+            exit(twoHosts())
+        }
+    }
+}
+
+/// One byte over a pipe, each way: how the processes of the test step together.
+private struct Step {
+    let readEnd: Int32
+    let writeEnd: Int32
+    init() {
+        var fds: [Int32] = [0, 0]
+        _ = pipe(&fds)
+        (readEnd, writeEnd) = (fds[0], fds[1])
+    }
+    func signal() {
+        var b: UInt8 = 1
+        _ = write(writeEnd, &b, 1)
+    }
+    func wait() -> Bool {
+        var b: UInt8 = 0
+        return read(readEnd, &b, 1) == 1
+    }
+}
+
+/// Forks a child that runs `body` once `go` is signalled; the parent forks
+/// before it starts any thread.
+private func forkWaiting(for go: Step, _ body: () -> Int32) -> pid_t {
+    let child = fork()
+    if child == 0 {
+        alarm(120)  // a hang fails the test instead of stalling it
+        guard go.wait() else { _exit(98) }
+        _exit(body())
+    }
+    return child
+}
+
+private func sh(_ command: String) -> Bool { system(command + " >/dev/null 2>&1") == 0 }
+
+private func twoHosts() -> Int32 {
+    let tag = getpid() % 100_000
+    let (hostA, hostB) = ("spindleA\(tag)", "spindleB\(tag)")
+    let (linkA, linkB) = ("spva\(tag)", "spvb\(tag)")
+    let serverGo = Step(), serverReady = Step()
+    let clientGo = Step(), sent = Step(), linkDown = Step(), timedOut = Step(), linkUp = Step()
+
+    let server = forkWaiting(for: serverGo) {
+        guard cshims_port_enter_network_namespace("/var/run/netns/\(hostA)") == 0 else { return 1 }
+        let next = LockedValue(0)
+        let faults = LockedValue(0)
+        guard let port = try? NetworkPort(host: "10.77.0.1", port: 7777, { m in
+            if m.id == 2 { return PortEnvelope(id: 2, components: [.bytes(withUnsafeBytes(of: UInt32(next.withLock { $0 })) { Array($0) })]) }
+            let i = Int(m.components[0].bytes!.withUnsafeBytes { $0.loadUnaligned(as: UInt32.self) })
+            next.withLock {
+                if $0 != i { faults.withLock { $0 += 1 } }
+                $0 = i + 1
+            }
+            return nil
+        }), let thread = try? LoopThread.start() else { return 2 }
+        thread.loop.add(port)
+        serverReady.signal()
+        while true { pause() }
+    }
+    let client = forkWaiting(for: clientGo) {
+        guard cshims_port_enter_network_namespace("/var/run/netns/\(hostB)") == 0 else { return 1 }
+        guard let remote = try? RemotePort.connect(host: "10.77.0.1", port: 7777, timeout: .seconds(10)) else { return 2 }
+        for i in 0..<1_000 {
+            let m = PortEnvelope(id: 1, components: [.bytes(withUnsafeBytes(of: UInt32(i)) { Array($0) })])
+            guard (try? remote.send(m, timeout: .seconds(10))) != nil else { return 3 }
+        }
+        func handled() -> UInt32? {
+            guard let reply = try? remote.sendRequest(PortEnvelope(id: 2), timeout: .seconds(10), replyTimeout: .seconds(20)) else { return nil }
+            return reply.components.first?.bytes?.withUnsafeBytes { $0.loadUnaligned(as: UInt32.self) }
+        }
+        guard handled() == 1_000 else { return 4 }
+        sent.signal()
+        guard linkDown.wait() else { return 5 }
+        do throws(PortError) {
+            _ = try remote.sendRequest(PortEnvelope(id: 2), timeout: .seconds(1), replyTimeout: .milliseconds(500))
+            return 6
+        } catch {
+            guard case .replyTimedOut = error else { return 7 }
+        }
+        timedOut.signal()
+        guard linkUp.wait() else { return 8 }
+        // The same connection carries on once the link is back.
+        guard handled() == 1_000 else { return 9 }
+        return 0
+    }
+    guard server > 0, client > 0 else { return 20 }
+
+    var clientReaped = false
+    defer {
+        kill(server, SIGKILL)
+        var status: Int32 = 0
+        waitpid(server, &status, 0)
+        if !clientReaped {
+            kill(client, SIGKILL)
+            waitpid(client, &status, 0)
+        }
+        _ = sh("ip netns del \(hostA)")
+        _ = sh("ip netns del \(hostB)")
+    }
+    guard sh("ip netns add \(hostA)"), sh("ip netns add \(hostB)"),
+        sh("ip link add \(linkA) type veth peer name \(linkB)"),
+        sh("ip link set \(linkA) netns \(hostA)"), sh("ip link set \(linkB) netns \(hostB)"),
+        sh("ip -n \(hostA) addr add 10.77.0.1/24 dev \(linkA)"), sh("ip -n \(hostB) addr add 10.77.0.2/24 dev \(linkB)"),
+        sh("ip -n \(hostA) link set lo up"), sh("ip -n \(hostB) link set lo up"),
+        sh("ip -n \(hostA) link set \(linkA) up"), sh("ip -n \(hostB) link set \(linkB) up")
+    else { return 21 }
+    serverGo.signal()
+    guard serverReady.wait() else { return 22 }
+    clientGo.signal()
+    guard sent.wait() else { return 23 }
+    guard sh("ip -n \(hostB) link set \(linkB) down") else { return 24 }
+    linkDown.signal()
+    guard timedOut.wait() else { return 25 }
+    guard sh("ip -n \(hostB) link set \(linkB) up") else { return 26 }
+    linkUp.signal()
+    var status: Int32 = 0
+    guard waitpid(client, &status, 0) == client else { return 27 }
+    clientReaped = true
+    let code = (status & 0x7f) == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f)
+    return code == 0 ? 0 : 30 + code
+}
