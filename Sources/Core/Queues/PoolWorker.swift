@@ -276,13 +276,18 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         // before our decrement became visible is seen here.
         if pool.hasQueuedWork() && reclaimPermit() { return true }
         let futex = Futex(parkWord)
+        var deadline: MonotonicClock.Instant? = MonotonicClock.now.advanced(by: WorkerPool.idleExit)
         while AtomicMemory.load(from: parkWord, ordering: .acquiring) == 1 {
-            let deadline = MonotonicClock.now.advanced(by: WorkerPool.idleExit)
             if futex.wait(expecting: 1, until: deadline) == .timedOut {
                 if retireIfSpare() {
                     if pool.hasQueuedWork() { pool.notifyIfNeeded() }
                     return false
                 }
+                // Not spare: the pool is at its width. It sleeps until woken,
+                // so that an idle pool makes no wake-ups at all; a worker
+                // started beyond the width later parks with a deadline of
+                // its own and retires then.
+                deadline = nil
             }
         }
         // Woken by `WorkerPool.wakeOne`, which counted us active and searching.
