@@ -235,5 +235,27 @@ struct EventSourceTests {
     }
 }
 
+extension EventSourceTests {
+    /// A loop whose thread has exited runs nothing: merges into a source
+    /// that targets it are dropped (not resubmitted without end), and the
+    /// cancel handler still runs, on the cancelling thread.
+    @Test func sourceOnALoopWhoseThreadExitedDropsEventsAndStillCancels() throws {
+        let thread = try LoopThread.start()
+        let loop = thread.loop
+        thread.stop()
+        try thread.join()
+        let source = EventSource.data(.add, on: .loop(loop))
+        let calls = LockedValue(0)
+        let cancelled = LockedValue(0)
+        source.setEventHandler { _ in calls.withLock { $0 += 1 } }
+        source.setCancelHandler { _ in cancelled.withLock { $0 += 1 } }
+        source.activate()
+        for _ in 0..<100 { source.merge(data: 1) }
+        source.cancel()
+        #expect(calls.withLock { $0 } == 0)
+        #expect(cancelled.withLock { $0 } == 1)
+    }
+}
+
 /// 2 ms: lets other threads run (a handler that should not run gets its chance).
 func sleepBriefly() { usleep(2000) }

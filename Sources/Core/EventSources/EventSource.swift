@@ -399,8 +399,16 @@ public final class EventSource: @unchecked Sendable, CustomStringConvertible {
             if !loop.perform(inModes: modes, { self.run(call) }) {
                 // The loop's thread has exited: nothing will run there again.
                 // The cancel call runs here, so that its handler still
-                // closes what it must; event calls are dropped.
-                if call == .cancel { run(call) } else { finishCall() }
+                // closes what it must; other calls are dropped with their
+                // events (`pending` cleared first, or the next call would be
+                // submitted, and dropped, again without end).
+                if call == .cancel {
+                    run(call)
+                } else {
+                    state.bitwiseAnd(~State.pending, ordering: .sequentiallyConsistent)
+                    _ = takeAccumulated()
+                    finishCall()
+                }
             }
         }
     }
