@@ -39,13 +39,16 @@ final class TimerQueue: @unchecked Sendable {
     /// Schedules `owner` to be asked to fire by `latest` (monotonic
     /// nanoseconds). Any thread; wakes the reactor if this is the new top.
     func schedule(_ owner: TimerWatch, latest: Int64, arming: Int) {
-        let (timer, newTop): (LoopTimer, Bool) = lock.withLock {
+        // The timer's date is moved under `lock`, so that two threads that
+        // each push a new top cannot leave the later date in place (lock
+        // order: this lock, then the reactor loop's, which `fireDate` and
+        // `add` take; the loop never calls in here holding its own).
+        lock.withLock {
             let timer = self.timer ?? makeTimer()
             nextSerial &+= 1
             push(Entry(latest: latest, serial: nextSerial, owner: owner, arming: arming))
-            return (timer, heap[0].serial == nextSerial)
+            if heap[0].serial == nextSerial { timer.fireDate = MonotonicClock.Instant(nanoseconds: latest) }
         }
-        if newTop { timer.fireDate = MonotonicClock.Instant(nanoseconds: latest) }
     }
 
     /// Under `lock`.
@@ -68,8 +71,9 @@ final class TimerQueue: @unchecked Sendable {
             while let top = heap.first, top.latest <= now { due.append(pop()) }
         }
         for entry in due { entry.owner.fireFromQueue(arming: entry.arming) }
-        let (reactorTimer, next): (LoopTimer?, Int64) = lock.withLock { (timer, heap.first?.latest ?? .max) }
-        reactorTimer?.fireDate = MonotonicClock.Instant(nanoseconds: next)
+        lock.withLock {
+            timer?.fireDate = MonotonicClock.Instant(nanoseconds: heap.first?.latest ?? .max)
+        }
     }
 
     // MARK: Heap
