@@ -257,5 +257,13 @@ extension EventSourceTests {
     }
 }
 
+extension EventSourceTests {
+    @Test func eventSetsDescribeThemselvesByName() {
+        #expect(EventSource.FileEvents([.write, .extend]).description == "[write, extend]")
+        #expect(EventSource.ProcessEvents.exit.description == "[exit]")
+        #expect(EventSourceError.processEventsNotObservable([.fork, .exec]).description.hasPrefix("process events [fork, exec] cannot be observed"))
+    }
+}
+
 /// 2 ms: lets other threads run (a handler that should not run gets its chance).
 func sleepBriefly() { usleep(2000) }

@@ -22,7 +22,7 @@ public enum EventSourceError: Error, Sendable, Hashable, CustomStringConvertible
         case .signalNotObservable(let signal, let reason):
             "signal \(signal) cannot be observed: \(reason)"
         case .processEventsNotObservable(let events):
-            "process events \(events.rawValue) cannot be observed: Linux reports only `exit` to an unprivileged process (fork, exec and signal need CAP_NET_ADMIN or ptrace)"
+            "process events \(events) cannot be observed: Linux reports only `exit` to an unprivileged process (fork, exec and signal need CAP_NET_ADMIN or ptrace)"
         case .noSuchProcess(let pid):
             "there is no process \(pid)"
         case .watchFailed(let error):

@@ -238,3 +238,22 @@ extension EventSource {
         EventSource(kind: .data(merge), handle: 0, mask: merge == .or ? mask : 0, target: target, watch: nil)
     }
 }
+
+extension EventSource.FileEvents: CustomStringConvertible {
+    /// The events by name, e.g. `[write, extend]`.
+    public var description: String {
+        let names: [(Self, String)] = [
+            (.delete, "delete"), (.write, "write"), (.extend, "extend"), (.attributes, "attributes"),
+            (.link, "link"), (.rename, "rename"), (.revoke, "revoke"),
+        ]
+        return "[" + names.filter { contains($0.0) }.map(\.1).joined(separator: ", ") + "]"
+    }
+}
+
+extension EventSource.ProcessEvents: CustomStringConvertible {
+    /// The events by name, e.g. `[exit]`.
+    public var description: String {
+        let names: [(Self, String)] = [(.exit, "exit"), (.fork, "fork"), (.exec, "exec"), (.signal, "signal")]
+        return "[" + names.filter { contains($0.0) }.map(\.1).joined(separator: ", ") + "]"
+    }
+}
