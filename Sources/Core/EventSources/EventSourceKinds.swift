@@ -114,8 +114,9 @@ extension EventSource {
     /// firings it misses (a busy target, a suspension) merge into one call
     /// whose `data` counts them. `leeway` lets Spindle fire it up to that
     /// much late so that nearby timers share a wake-up; it never fires
-    /// early. Timers live in their loop's (or the reactor's) ordered timer
-    /// structure behind one kernel timeout, not a timerfd each.
+    /// early. No timerfd each: the timers of sources on work queues share
+    /// the reactor's one heap behind one kernel timeout; a source on a run
+    /// loop is one of that loop's timers, so it fires only in its modes.
     ///
     /// A wall-clock schedule is translated to the monotonic clock when the
     /// timer is armed and again at each firing, which is checked against the
