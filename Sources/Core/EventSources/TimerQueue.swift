@@ -13,7 +13,7 @@ final class TimerQueue: @unchecked Sendable {
     // @unchecked: `heap`, `nextSerial` and `timer` are guarded by `lock`.
 
     /// One pending firing of one timer source.
-    struct Entry {
+    struct Entry: HeapOrdered {
         /// Due time plus leeway, monotonic nanoseconds: the heap's order.
         var latest: Int64
         /// Breaks ties in insertion order.
@@ -30,7 +30,7 @@ final class TimerQueue: @unchecked Sendable {
     static let shared = TimerQueue()
 
     private let lock = GuardLock()
-    private var heap: [Entry] = []
+    private var heap = MinHeap<Entry>()
     private var nextSerial: UInt64 = 0
     /// The reactor timer, made on first use; a repeating timer whose date is
     /// moved to the heap's top (its own interval is only a fallback).
@@ -46,8 +46,8 @@ final class TimerQueue: @unchecked Sendable {
         lock.withLock {
             let timer = self.timer ?? makeTimer()
             nextSerial &+= 1
-            push(Entry(latest: latest, serial: nextSerial, owner: owner, arming: arming))
-            if heap[0].serial == nextSerial { timer.fireDate = MonotonicClock.Instant(nanoseconds: latest) }
+            heap.push(Entry(latest: latest, serial: nextSerial, owner: owner, arming: arming))
+            if heap.first?.serial == nextSerial { timer.fireDate = MonotonicClock.Instant(nanoseconds: latest) }
         }
     }
 
@@ -68,7 +68,7 @@ final class TimerQueue: @unchecked Sendable {
         let now = MonotonicClock.now.nanoseconds
         var due: [Entry] = []
         lock.withLock {
-            while let top = heap.first, top.latest <= now { due.append(pop()) }
+            while let top = heap.first, top.latest <= now { due.append(heap.popFirst()) }
         }
         for entry in due { entry.owner.fireFromQueue(arming: entry.arming) }
         lock.withLock {
@@ -76,42 +76,11 @@ final class TimerQueue: @unchecked Sendable {
         }
     }
 
-    // MARK: Heap
-
-    private func push(_ entry: Entry) {
-        heap.append(entry)
-        var i = heap.count - 1
-        while i > 0 {
-            let parent = (i - 1) / 2
-            guard heap[i].isBefore(heap[parent]) else { break }
-            heap.swapAt(i, parent)
-            i = parent
-        }
-    }
-
-    private func pop() -> Entry {
-        let top = heap[0]
-        let last = heap.removeLast()
-        guard !heap.isEmpty else { return top }
-        heap[0] = last
-        var i = 0
-        while true {
-            let l = 2 * i + 1, r = l + 1
-            var m = i
-            if l < heap.count && heap[l].isBefore(heap[m]) { m = l }
-            if r < heap.count && heap[r].isBefore(heap[m]) { m = r }
-            if m == i { break }
-            heap.swapAt(i, m)
-            i = m
-        }
-        return top
-    }
-
     /// In a child after `fork()`: the reactor is gone; so are its timers.
     func childAfterFork() {
         lock.reinitializeAfterFork()
         if let timer { _ = Unmanaged.passRetained(timer) }
         timer = nil
-        heap = []
+        heap.removeAll()
     }
 }

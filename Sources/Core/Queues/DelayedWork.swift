@@ -12,7 +12,7 @@ final class DelayedWork: @unchecked Sendable {
 
     static let shared = DelayedWork()
 
-    private struct Entry {
+    private struct Entry: HeapOrdered {
         let deadline: MonotonicClock.Instant
         let sequence: UInt64
         let queue: WorkQueue
@@ -24,7 +24,7 @@ final class DelayedWork: @unchecked Sendable {
     }
 
     private let lock = GuardLock()
-    private var heap: [Entry] = []
+    private var heap = MinHeap<Entry>()
     private var sequence: UInt64 = 0
     private var threadStarted = false
     /// Bumped (and woken) when the earliest deadline changes.
@@ -40,8 +40,8 @@ final class DelayedWork: @unchecked Sendable {
         lock.lock()
         sequence += 1
         let entry = Entry(deadline: deadline, sequence: sequence, queue: queue, unit: unit)
-        push(entry)
-        let isEarliest = heap[0].sequence == entry.sequence
+        heap.push(entry)
+        let isEarliest = heap.first?.sequence == entry.sequence
         let start = !threadStarted
         threadStarted = true
         if isEarliest { AtomicMemory.add(1, to: generation, ordering: .releasing) }
@@ -65,7 +65,7 @@ final class DelayedWork: @unchecked Sendable {
             lock.lock()
             var due: [Entry] = []
             let now = MonotonicClock.now
-            while let first = heap.first, first.deadline <= now { due.append(popFirst()) }
+            while let first = heap.first, first.deadline <= now { due.append(heap.popFirst()) }
             let next = heap.first?.deadline
             let seen = AtomicMemory.load(from: generation, ordering: .acquiring)
             lock.unlock()
@@ -85,37 +85,5 @@ final class DelayedWork: @unchecked Sendable {
             threadStarted = true
             startThread()
         }
-    }
-
-    // MARK: Heap
-
-    private func push(_ entry: Entry) {
-        heap.append(entry)
-        var i = heap.count - 1
-        while i > 0 {
-            let parent = (i - 1) / 2
-            guard heap[i].isBefore(heap[parent]) else { break }
-            heap.swapAt(i, parent)
-            i = parent
-        }
-    }
-
-    private func popFirst() -> Entry {
-        let first = heap[0]
-        let last = heap.removeLast()
-        if !heap.isEmpty {
-            heap[0] = last
-            var i = 0
-            while true {
-                let left = 2 * i + 1, right = left + 1
-                var smallest = i
-                if left < heap.count && heap[left].isBefore(heap[smallest]) { smallest = left }
-                if right < heap.count && heap[right].isBefore(heap[smallest]) { smallest = right }
-                if smallest == i { break }
-                heap.swapAt(i, smallest)
-                i = smallest
-            }
-        }
-        return first
     }
 }
