@@ -37,6 +37,17 @@ struct LoopThreadTests {
         try worker.join()
     }
 
+    /// A start that fails says why in `NativeThreadError` (typed: the catch
+    /// below compares without a cast), and leaves no thread behind.
+    @Test func aFailedStartThrowsItsTypedReason() {
+        do {
+            _ = try LoopThread.start(NativeThread.Attributes(name: "a-name-of-16-byt"))
+            Issue.record("a 16-byte name started a loop thread")
+        } catch {
+            #expect(error == .nameTooLong(bytes: 16, limit: 15))
+        }
+    }
+
     /// The guide's Listing 2-3: a job that runs its loop for one pass
     /// between chunks of work, stopped by a perform from another thread.
     @Test func aBodyOfItsOwnPollsTheLoop() throws {

@@ -354,19 +354,24 @@ func arrange(_ rows: [Row]) throws -> [(group: String, rows: [Row])] {
     for group in byGroup.keys.sorted() {
         var members = byGroup[group]!
         let references = members.filter(\.name.isReference)
-        guard references.count == 1 else {
-            let names = members.map(\.name.implementation).joined(separator: ", ")
-            throw ReportError(references.isEmpty
-                ? "group '\(group)' has no reference peer (rows: \(names)); mark one with ' [ref]'"
-                : "group '\(group)' has \(references.count) reference peers; exactly one is allowed")
+        if references.count > 1 {
+            throw ReportError("group '\(group)' has \(references.count) reference peers; exactly one is allowed")
         }
         var seen: Set<String> = []
         for member in members where !seen.insert(member.name.implementation).inserted {
             throw ReportError("group '\(group)' has two rows named '\(member.name.implementation)'")
         }
-        let reference = references[0].median
-        for index in members.indices {
-            members[index].ratio = members[index].name.isReference ? 1 : members[index].median / reference
+        if let reference = references.first?.median {
+            for index in members.indices {
+                members[index].ratio = members[index].name.isReference ? 1 : members[index].median / reference
+            }
+        } else {
+            // A --filter that leaves the reference out, or an export that
+            // dropped its row: the rows are still worth showing, without
+            // ratios ("-"), and the reader is told why.
+            let names = members.map(\.name.implementation).joined(separator: ", ")
+            FileHandle.standardError.write(Data(
+                "BenchReport: group '\(group)' has no reference row among \(names) (left out by the filter, or dropped from the export); its ratios are left empty\n".utf8))
         }
         func rank(_ row: Row) -> Int {
             row.name.isSpindle ? 0 : row.name.isReference ? 1 : 2
@@ -532,7 +537,8 @@ struct Record: Encodable {
     let p99: Double
     let min: Double
     let max: Double
-    let ratio: Double
+    /// nil when the group had no reference row.
+    let ratio: Double?
     let reference: Bool
     /// The medians of the row's extra columns by metric name; absent when
     /// it has none.
@@ -547,7 +553,7 @@ func writeJSON(_ groups: [(group: String, rows: [Row])], to path: String) throws
                 group: row.name.group, implementation: row.name.implementation, target: row.name.target,
                 metric: row.metric.name, unit: row.metric.unit,
                 median: rounded(row.median), p99: rounded(row.p99), min: rounded(row.min), max: rounded(row.max),
-                ratio: rounded(row.ratio), reference: row.name.isReference,
+                ratio: row.ratio.isFinite ? rounded(row.ratio) : nil, reference: row.name.isReference,
                 columns: row.columns.isEmpty
                     ? nil
                     : Dictionary(uniqueKeysWithValues: row.columns.map { ($0.kind.name, rounded($0.values.median)) })

@@ -329,7 +329,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         // hold units it pushed itself: they go to the injector, where the
         // remaining workers find them.
         localLock.lock()
-        while let unit = local.popFront() { pool.injector[WorkerPool.defaultLane].pushBack(unit) }
+        while let unit = local.popFront() { pool.defaultInjector.pushBack(unit) }
         localLock.unlock()
         return true
     }

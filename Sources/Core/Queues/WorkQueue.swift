@@ -87,7 +87,9 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     /// Serial or concurrent.
     public let kind: Kind
     /// The pool a global queue's items go to straight away; nil otherwise.
-    let globalPool: WorkerPool?
+    /// Unowned: the pools are process-wide and never released, so a submit
+    /// costs no reference counting on an object every submitter shares.
+    unowned(unsafe) let globalPool: WorkerPool?
     /// A global queue's priority (and so its injector lane).
     let globalPriority: Priority?
     /// Whether this is the main queue.

@@ -116,7 +116,11 @@ final class WorkerPool: @unchecked Sendable {
 
     // Guarded by `lock`.
     let lock = GuardLock()
-    let injector: [WorkRing]
+    /// The injector's lanes, as two stored constants rather than an array:
+    /// a `let` of the pool is used in place, where an array element would
+    /// be retained and released on every push and take.
+    let highInjector: WorkRing
+    let defaultInjector: WorkRing
     /// The injector lanes' published counts, read by polling workers
     /// through raw pointers: reading them through the ring objects would
     /// retain and release the rings, writes to lines the busy workers use.
@@ -141,8 +145,9 @@ final class WorkerPool: @unchecked Sendable {
         self.band = band
         self.width = width
         maximumThreads = width + Self.compensationLimit
-        injector = [WorkRing(capacity: 256, publishesCount: true), WorkRing(capacity: 1024, publishesCount: true)]
-        injectorCounts = injector.map(\.publishedCount)
+        highInjector = WorkRing(capacity: 256, publishesCount: true)
+        defaultInjector = WorkRing(capacity: 1024, publishesCount: true)
+        injectorCounts = [highInjector.publishedCount, defaultInjector.publishedCount]
         words = allocateStableWords(byteCount: 192)
         ForkHandlers.install()
     }
@@ -157,7 +162,7 @@ final class WorkerPool: @unchecked Sendable {
             if !worker.pushLocal(unit, mayUseSlot: !shared) { return }
         } else {
             lock.lock()
-            injector[lane].pushBack(unit)
+            if lane == Self.highLane { highInjector.pushBack(unit) } else { defaultInjector.pushBack(unit) }
             lock.unlock()
         }
         notifyIfNeeded()
@@ -222,14 +227,14 @@ final class WorkerPool: @unchecked Sendable {
     func takeFromInjector(lane: Int, for worker: PoolWorker) -> WorkUnit? {
         guard AtomicMemory.load(from: injectorCounts[lane], ordering: .sequentiallyConsistent) > 0 else { return nil }
         lock.lock()
-        guard let unit = injector[lane].popFront() else {
+        guard let unit = lane == Self.highLane ? highInjector.popFront() : defaultInjector.popFront() else {
             lock.unlock()
             return nil
         }
         var moved = 0
         if lane == Self.defaultLane {
-            let share = min(injector[lane].count / width, PoolWorker.stealLimit)
-            if share > 0 { moved = injector[lane].popFront(into: worker.stealBuffer, limit: share) }
+            let share = min(defaultInjector.count / width, PoolWorker.stealLimit)
+            if share > 0 { moved = defaultInjector.popFront(into: worker.stealBuffer, limit: share) }
         }
         lock.unlock()
         if moved > 0 { worker.adoptFromBuffer(moved) }
@@ -295,7 +300,7 @@ final class WorkerPool: @unchecked Sendable {
         let survivor = PoolWorker.current.flatMap { $0.pool === self ? $0 : nil }
         for worker in workers where worker !== survivor {
             worker.localLock.reinitializeAfterFork()
-            while let unit = worker.local.popFront() { injector[Self.defaultLane].pushBack(unit) }
+            while let unit = worker.local.popFront() { defaultInjector.pushBack(unit) }
         }
         survivor?.localLock.reinitializeAfterFork()
         workers = survivor.map { [$0] } ?? []
@@ -303,6 +308,6 @@ final class WorkerPool: @unchecked Sendable {
         threadCount = workers.count
         AtomicMemory.store(workers.count, to: active, ordering: .relaxed)
         AtomicMemory.store(0, to: searching, ordering: .relaxed)
-        if !injector[0].isEmpty || !injector[1].isEmpty { notifyIfNeeded() }
+        if !highInjector.isEmpty || !defaultInjector.isEmpty { notifyIfNeeded() }
     }
 }

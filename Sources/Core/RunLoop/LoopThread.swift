@@ -61,13 +61,14 @@ public final class LoopThread: Sendable, CustomStringConvertible {
     ///     caller goes on using).
     /// - Returns: The running thread and its loop.
     /// - Throws: `NativeThreadError` if the thread cannot start (see
-    ///   `SpawnedThread.start()`); `SystemCallError` if the kernel refuses
-    ///   the backend `kind` (the thread has then ended and been joined).
+    ///   `SpawnedThread.start()`), or `.systemCall` with the kernel's
+    ///   refusal of the backend `kind` (the thread has then ended and been
+    ///   joined).
     public static func start(
         _ attributes: NativeThread.Attributes = NativeThread.Attributes(),
         backend kind: EventBackendKind? = nil,
         _ body: sending @escaping (ThreadLoop) throws -> Void = { $0.run() }
-    ) throws -> LoopThread {
+    ) throws(NativeThreadError) -> LoopThread {
         require(!attributes.isDetached, "LoopThread.start: `attributes.isDetached` is true; a loop thread is joinable")
         let handOver = LockedValue<Result<(ThreadLoop, LoopSource), SystemCallError>?>(nil)
         let ready = Semaphore(value: 0)
@@ -97,7 +98,7 @@ public final class LoopThread: Sendable, CustomStringConvertible {
             return LoopThread(loop: loop, thread: thread, keepAlive: keepAlive)
         case .failure(let error):
             try? thread.join()
-            throw error
+            throw .systemCall(error)
         }
     }
 
