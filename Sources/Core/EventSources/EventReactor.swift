@@ -30,6 +30,9 @@ enum EventReactor {
             // handler can then tell the kernel itself (`epoll_ctl` from any
             // thread) instead of waking this thread to submit for it.
             let started = try LoopThread.start(NativeThread.Attributes(name: "spindle.events"), backend: .epoll)
+            // Workers re-arm its watches while it waits: it stays in
+            // epoll_wait, where each re-arm reaches it with no wake-up.
+            started.loop.registry.waitsInKernelWhileRegistered = true
             ForkHandlers.install()
             thread = started
             return started.loop

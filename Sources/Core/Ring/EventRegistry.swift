@@ -94,6 +94,8 @@ package final class EventRegistry: @unchecked Sendable {
     /// (`rearmNow`) would not reach it. Set and read under `lock`; a stale
     /// true costs one wake.
     private var ownerMaySleepOnWakeWord = true
+    /// See `waitsInKernelWhileRegistered`. Under `lock`.
+    private var kernelWaitWhileRegistered = false
     /// Owner thread only: the backend's reports of the current wait.
     private var completions: [KernelCompletion] = []
 
@@ -110,6 +112,18 @@ package final class EventRegistry: @unchecked Sendable {
 
     /// Which kernel interface it sleeps in.
     package var kind: EventBackendKind { backend.kind }
+
+    /// Whether the owner's waits stay in the kernel while any descriptor is
+    /// registered, even when none of their watches is pending (false by
+    /// default). For a registry whose one-shot watches other threads re-arm
+    /// (`rearmNow`) while the owner waits, as the event reactor's are: on
+    /// epoll a re-arm then reaches the owner's kernel wait directly, where a
+    /// wait on the wake word would need a futex wake-up per re-arm, and
+    /// the short spin before it would burn CPU on every event. Any thread.
+    package var waitsInKernelWhileRegistered: Bool {
+        get { lock.withLock { kernelWaitWhileRegistered } }
+        set { lock.withLock { kernelWaitWhileRegistered = newValue } }
+    }
 
     // MARK: Registrations (any thread)
 
@@ -279,9 +293,10 @@ package final class EventRegistry: @unchecked Sendable {
     /// interrupts the kernel wait is absorbed (the wait goes on, to the same
     /// deadline).
     ///
-    /// Before entering the kernel it spins briefly for a wake already on its
-    /// way (`LoopWakeState.spinBeforeSleep`); with no descriptor watched it
-    /// sleeps on the wake word instead of in the kernel.
+    /// With no descriptor watched (and none registered, if
+    /// `waitsInKernelWhileRegistered`) it spins briefly for a wake already
+    /// on its way (`LoopWakeState.spinBeforeSleep`) and sleeps on the wake
+    /// word instead of in the kernel.
     package func wait(until deadline: MonotonicClock.Instant?, events: inout [ReadyEvent]) -> Bool {
         // One hold of the lock: apply the changes, take the failures they
         // found, and learn whether any watch is in the kernel.
@@ -292,8 +307,9 @@ package final class EventRegistry: @unchecked Sendable {
                 events += failures
                 failures.removeAll()
             }
-            ownerMaySleepOnWakeWord = pendingWatches == 0
-            return (failed, pendingWatches > 0)
+            let watching = pendingWatches > 0 || (kernelWaitWhileRegistered && !registrations.isEmpty)
+            ownerMaySleepOnWakeWord = !watching
+            return (failed, watching)
         }
         var timeout = failed ? 0 : timeoutNanoseconds(until: deadline)
         var woken = false
