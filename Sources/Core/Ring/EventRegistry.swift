@@ -119,7 +119,10 @@ package final class EventRegistry: @unchecked Sendable {
     /// (`rearmNow`) while the owner waits, as the event reactor's are: on
     /// epoll a re-arm then reaches the owner's kernel wait directly, where a
     /// wait on the wake word would need a futex wake-up per re-arm, and
-    /// the short spin before it would burn CPU on every event. Any thread.
+    /// the short spin before it would burn CPU on every event. The cost: a
+    /// timed wait then ends in the kernel at its deadline, without the wake
+    /// word's early wake and spin (`LoopWakeState.wakeLead`), so a timer is
+    /// as late as the CPU is slow to wake. Any thread.
     package var waitsInKernelWhileRegistered: Bool {
         get { lock.withLock { kernelWaitWhileRegistered } }
         set { lock.withLock { kernelWaitWhileRegistered = newValue } }
