@@ -29,16 +29,6 @@ private func pattern(_ count: Int, seed: Int) -> [UInt8] {
 
 private func bigEndian(_ v: UInt32) -> [UInt8] { withUnsafeBytes(of: v.bigEndian) { Array($0) } }
 
-/// Waits (up to 10 s) until `condition` holds.
-private func eventually(_ condition: () -> Bool) -> Bool {
-    let deadline = MonotonicClock.now.advanced(by: .seconds(10))
-    while !condition() {
-        if MonotonicClock.now >= deadline { return false }
-        usleep(1_000)
-    }
-    return true
-}
-
 /// A Foundation `SocketPort` listening on every address, received by a
 /// Foundation `RunLoop` on a Foundation `Thread` of its own. Its delegate
 /// records each message and passes it to `onMessage` on that thread.
