@@ -56,14 +56,15 @@
 ///   the stream cuts them, any size up to the envelope limits arrives
 ///   whole, and several frames in one read are all delivered; a malformed
 ///   or truncated frame closes only its connection, as with `.spindle`.
-/// - Foundation's receiver on Linux has quirks that Spindle's sender does
+/// - Foundation's receiver on Linux has faults that Spindle's sender does
 ///   not work around, because the bytes it sends are correct: it drops a
-///   message whose components total under 12 bytes, drops a frame longer
-///   than one 32,768-byte socket read (so payloads over about 32,700
-///   bytes), and traps when one read holds more than one frame. A Spindle
-///   program sending to Foundation should keep messages between 12 bytes
-///   and 32 KB and send the next one only after an application-level
-///   acknowledgement. Foundation's sender has none of these limits.
+///   message whose components with their headers take under 20 bytes
+///   (no buffer, or one under 12 bytes), drops a frame longer than one
+///   32,768-byte socket read (one buffer over 32,728 bytes), and traps when
+///   one read holds more than one frame. A Spindle program sending to
+///   Foundation should keep each message between 12 bytes and 32 KB and
+///   send the next one only after an application-level acknowledgement.
+///   Foundation's sender has none of these limits.
 public enum PortWireFormat: Sendable, Hashable {
     /// Spindle's own framing (every message kind; ports stay local).
     case spindle
