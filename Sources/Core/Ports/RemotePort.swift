@@ -195,8 +195,12 @@ public final class RemotePort: @unchecked Sendable {
         switch transport {
         case .local:
             try PortSocketCalls.send(fd, record.bytes, fds: record.fds, before: deadline)
-        case .stream, .foundationStream:
+        case .stream:
             try writeFrame(PortWire.frame(record.bytes), to: fd, before: deadline)
+        case .foundationStream:
+            // `send` frames its own messages in this format and
+            // `sendRequest` refuses: a Spindle record here is a bug in Spindle.
+            misuse("RemotePort: a Spindle record reached a connection in Foundation's SocketPort format")
         }
     }
 
