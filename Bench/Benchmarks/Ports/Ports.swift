@@ -1,7 +1,8 @@
 // Ports: a message round trip (A → B → A), Spindle's LocalPort between two
 // loop threads, NamedPort between two processes and NetworkPort over
-// loopback TCP (a request and its reply) beside Foundation's SocketPort (the only port Foundation has on Linux: TCP
-// over loopback, each side a RunLoop thread) and the kernel's plainest
+// loopback TCP (a request and its reply), NetworkPort in Foundation's SocketPort wire format (one-way messages
+// each way between two loop threads, as SocketPort must do it) beside Foundation's SocketPort (the only port
+// Foundation has on Linux: TCP over loopback, each side a RunLoop thread) and the kernel's plainest
 // two-way channel, a Unix socketpair read and written by two blocking
 // threads.
 //
@@ -227,6 +228,42 @@ func networkPortDriver(_ kind: EventBackendKind) -> Driver {
     return remotePortDriver { try! RemotePort.connect(host: "127.0.0.1", port: port) }
 }
 
+/// NetworkPort in Foundation's SocketPort wire format, shaped as the
+/// SocketPort row: B is a loop thread whose port sends each message back
+/// to A's port (told up front: the format carries no reply port); A runs its
+/// own loop until the answer has been handled.
+func foundationFormatDriver(_ kind: EventBackendKind) -> Driver {
+    let b = try! LoopThread.start(backend: kind)
+    let answerTo = LockedValue<RemotePort?>(nil)
+    let server = try! NetworkPort(wireFormat: .foundationSocketPort) { m in
+        try! answerTo.withLock { $0 }!.send(PortEnvelope(id: m.id, components: m.components), timeout: .seconds(10))
+        return nil
+    }
+    b.loop.add(server)
+    let serverNumber = server.port
+    return Driver {
+        let loop = try! ThreadLoop.current(backend: kind)
+        let answered = LockedValue(false)
+        let mine = try! NetworkPort(wireFormat: .foundationSocketPort) { _ in
+            answered.withLock { $0 = true }
+            return nil
+        }
+        loop.add(mine)
+        answerTo.withLock {
+            $0 = try! RemotePort.connect(host: "127.0.0.1", port: mine.port, wireFormat: .foundationSocketPort)
+        }
+        let toServer = try! RemotePort.connect(host: "127.0.0.1", port: serverNumber, wireFormat: .foundationSocketPort)
+        let message = PortEnvelope(id: 1, components: [.bytes(payload)])
+        return {
+            try! toServer.send(message, timeout: .seconds(10))
+            while !answered.withLock({ $0 }) {
+                loop.run(mode: .default, timeout: .seconds(10), returnAfterSourceHandled: true)
+            }
+            answered.withLock { $0 = false }
+        }
+    }
+}
+
 // MARK: One-way throughput by message size
 
 /// A thread that sends batches of one-way messages whenever the benchmark
@@ -382,6 +419,12 @@ let benchmarks: @Sendable () -> Void = {
         let name = kind == .ioUring ? "Spindle.NetworkPort.iouring loopback" : "Spindle.NetworkPort.epoll loopback"
         return Implementation(name, isReference: false) { benchmark in
             driver(name) { networkPortDriver(kind) }.run(benchmark.scaledIterations.count)
+        }
+    }
+    roundTrip += backends.map { kind in
+        let name = kind == .ioUring ? "Spindle.NetworkPort.iouring Foundation format" : "Spindle.NetworkPort.epoll Foundation format"
+        return Implementation(name, isReference: false) { benchmark in
+            driver(name) { foundationFormatDriver(kind) }.run(benchmark.scaledIterations.count)
         }
     }
     roundTrip.append(.reference("Foundation.SocketPort") { benchmark in

@@ -26,13 +26,31 @@
 /// closed and counted in `malformedFrames`, and the port and its other
 /// connections go on.
 ///
+/// ## Foundation's `SocketPort`
+///
+/// Made with `wireFormat: .foundationSocketPort`, the port speaks the
+/// frames of Foundation's `SocketPort` instead (the layout, and what each
+/// side sends and ignores, is in `PortWireFormat`): a Foundation program
+/// sends to it with `SocketPort(remoteWithTCPPort:host:)` and
+/// `send(before:msgid:components:from:reserved:)`, and a Spindle program
+/// reaches a Foundation `SocketPort` with
+/// `RemotePort.connect(host:port:wireFormat:timeout:)`. In that format
+/// messages are one-way and carry byte buffers only: the handler's result
+/// is ignored, and a frame with a port component is malformed. The port
+/// reassembles frames of any size up to the envelope limits and takes
+/// several per read, which Foundation's own receiver does not.
+///
+///     let port = try NetworkPort(wireFormat: .foundationSocketPort) { message in
+///         print(message.id, message.byteCount)
+///         return nil                                      // no reply in this format
+///     }
+///
 /// ## What it does not do
 ///
 /// Nothing authenticates either end: bind to a loopback address
 /// (the default, `127.0.0.1`) unless the network is trusted. Ports do not
 /// travel between hosts (a `.remotePort` or `LocalPort` component throws
-/// `.notTransferable`). It does not speak Foundation's `SocketPort` wire
-/// format.
+/// `.notTransferable`).
 ///
 /// ## Blocking, invalidation, lifetime
 ///
@@ -51,6 +69,9 @@ public final class NetworkPort: @unchecked Sendable {
     public let host: String
     /// The TCP port it listens on (the one the kernel chose, if 0 was asked).
     public let port: UInt16
+    /// The frames its connections carry: Spindle's own, or Foundation's
+    /// `SocketPort`'s.
+    public let wireFormat: PortWireFormat
     let handler: @Sendable (PortEnvelope) -> PortEnvelope?
 
     private let lock = Lock()
@@ -61,7 +82,7 @@ public final class NetworkPort: @unchecked Sendable {
 
     private struct Connection {
         let source: LoopSource
-        var frames = PortWire.FrameReader()
+        var frames: PortWire.FrameReader
     }
 
     private struct State {
@@ -76,19 +97,22 @@ public final class NetworkPort: @unchecked Sendable {
     }
 
     /// Listens on `host` (a dotted IPv4 address) and `port` (0: a free port
-    /// the kernel picks; read it from `port`). Its messages reach `handler`
-    /// once the port is added to a loop. Never blocks.
+    /// the kernel picks; read it from `port`), its connections carrying
+    /// frames of `wireFormat`. Its messages reach `handler` once the port is
+    /// added to a loop; what `handler` returns answers a request (ignored
+    /// in `.foundationSocketPort` format, which has none). Never blocks.
     ///
     /// - Throws: `.nameTaken` if the address is in use; `.system` for an
     ///   address that is not a dotted IPv4 address, or one the kernel
     ///   refuses.
     public init(
-        host: String = "127.0.0.1", port: UInt16 = 0,
+        host: String = "127.0.0.1", port: UInt16 = 0, wireFormat: PortWireFormat = .spindle,
         _ handler: @escaping @Sendable (PortEnvelope) -> PortEnvelope?
     ) throws(PortError) {
         let (fd, bound) = try PortSocketCalls.tcpListen(host: host, port: port)
         self.host = host
         self.port = bound
+        self.wireFormat = wireFormat
         self.handler = handler
         let reference = NetworkPortReference()
         sentinel = LoopSource(
@@ -159,7 +183,7 @@ public final class NetworkPort: @unchecked Sendable {
             let source = LoopSource(descriptor: fd) { _, _ in self.receive(on: fd) }
             let placement: (ThreadLoop?, [LoopMode])? = lock.withLock {
                 guard state.valid else { return nil }
-                state.connections[fd] = Connection(source: source)
+                state.connections[fd] = Connection(source: source, frames: PortWire.FrameReader(wireFormat))
                 return (state.loop, Array(state.modes.keys))
             }
             guard let (loop, modes) = placement else {
@@ -218,7 +242,12 @@ public final class NetworkPort: @unchecked Sendable {
             }
             let decoded: PortWire.Decoded
             do throws(PortError) {
-                decoded = try PortWire.decode(frame: frame)
+                switch wireFormat {
+                case .spindle:
+                    decoded = try PortWire.decode(frame: frame)
+                case .foundationSocketPort:
+                    decoded = PortWire.Decoded(kind: .oneWay, sequence: 0, envelope: try FoundationPortWire.decode(frame))
+                }
             } catch {
                 drop(fd, malformed: true)
                 return

@@ -36,6 +36,11 @@ public enum PortError: Error, Sendable, Hashable, CustomStringConvertible {
     /// a `LocalPort` (as a component or reply port), which lives in one
     /// process. Send a `RemotePort` (a send right to a `NamedPort`) instead.
     case notTransferable(String)
+    /// The envelope holds something Foundation's `SocketPort` wire format
+    /// (`PortWireFormat.foundationSocketPort`) cannot carry: a port (as a
+    /// component or reply port), or a request, which needs a reply on the
+    /// same connection. Nothing was sent.
+    case unsupportedByFoundationWireFormat(String)
     /// The peer sent bytes that are not a well-formed port message; the
     /// connection was closed.
     case malformed(String)
@@ -67,6 +72,8 @@ public enum PortError: Error, Sendable, Hashable, CustomStringConvertible {
             "no reply within \(waited)"
         case .notTransferable(let what):
             "\(what) cannot cross a process boundary"
+        case .unsupportedByFoundationWireFormat(let what):
+            "Foundation's SocketPort wire format cannot carry \(what); nothing was sent"
         case .malformed(let why):
             "malformed port message: \(why)"
         case .system(let error):

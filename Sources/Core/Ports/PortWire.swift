@@ -194,12 +194,17 @@ enum PortWire {
         return bytes
     }
 
-    /// Cuts a byte stream into frames. A length below a header or above
-    /// `maximumFrameRecord` is malformed: the stream cannot be trusted past
-    /// it, so its connection is closed.
+    /// Cuts a byte stream into frames of `format`. For `.spindle`, a length
+    /// below a header or above `maximumFrameRecord` is malformed; for
+    /// `.foundationSocketPort`, a wrong magic number or a length outside
+    /// `FoundationPortWire`'s bounds. The stream cannot be trusted past
+    /// either, so its connection is closed.
     struct FrameReader {
+        let format: PortWireFormat
         private var bytes: [UInt8] = []
         private var start = 0
+
+        init(_ format: PortWireFormat = .spindle) { self.format = format }
 
         /// Whether part of a frame is buffered (end of stream now would
         /// truncate it).
@@ -213,22 +218,43 @@ enum PortWire {
             bytes.append(contentsOf: chunk)
         }
 
-        /// The next whole frame's record, if one is buffered.
+        /// The next whole frame, if one is buffered: the record behind the
+        /// length for `.spindle`, the whole frame for `.foundationSocketPort`.
         mutating func next() throws(PortError) -> [UInt8]? {
-            guard bytes.count - start >= 4 else { return nil }
-            let length = bytes.withUnsafeBytes { Int(PortWire.load(UInt32.self, $0, start)) }
-            guard length >= headerSize else { throw .malformed("a frame of \(length) bytes is shorter than a header") }
-            guard length <= maximumFrameRecord else {
-                throw .malformed("a frame of \(length) bytes is over the limit of \(maximumFrameRecord)")
-            }
-            guard bytes.count - start - 4 >= length else { return nil }
-            let record = Array(bytes[(start + 4)..<(start + 4 + length)])
-            start += 4 + length
+            guard let (offset, length) = try nextBounds() else { return nil }
+            let frame = Array(bytes[offset..<(offset + length)])
+            start = offset + length
             if start == bytes.count {
                 bytes.removeAll(keepingCapacity: bytes.count <= 1 << 20)
                 start = 0
             }
-            return record
+            return frame
+        }
+
+        /// Where the next whole frame's bytes lie, once they are all buffered.
+        private func nextBounds() throws(PortError) -> (offset: Int, length: Int)? {
+            let available = bytes.count - start
+            switch format {
+            case .spindle:
+                guard available >= 4 else { return nil }
+                let length = bytes.withUnsafeBytes { Int(PortWire.load(UInt32.self, $0, start)) }
+                guard length >= headerSize else { throw .malformed("a frame of \(length) bytes is shorter than a header") }
+                guard length <= maximumFrameRecord else {
+                    throw .malformed("a frame of \(length) bytes is over the limit of \(maximumFrameRecord)")
+                }
+                return available - 4 >= length ? (start + 4, length) : nil
+            case .foundationSocketPort:
+                guard available >= 8 else { return nil }
+                let (magic, length) = FoundationPortWire.prefix(bytes, at: start)
+                guard magic == FoundationPortWire.magic else { throw .malformed("bad magic number") }
+                guard length >= FoundationPortWire.minimumFrameSize else {
+                    throw .malformed("a frame of \(length) bytes is shorter than a header")
+                }
+                guard length <= FoundationPortWire.maximumFrameSize else {
+                    throw .malformed("a frame of \(length) bytes is over the limit of \(FoundationPortWire.maximumFrameSize)")
+                }
+                return available >= length ? (start, length) : nil
+            }
         }
     }
 

@@ -9,8 +9,10 @@
 ///
 /// Underneath it is one connected socket to the port's owner: an `AF_UNIX`
 /// sequenced-packet socket for a `NamedPort`, a TCP stream of frames for a
-/// `NetworkPort` (`connect(host:port:timeout:)`); messages on it arrive in
-/// the order sent, each whole.
+/// `NetworkPort` (`connect(host:port:wireFormat:timeout:)`), in Spindle's
+/// framing or in that of Foundation's `SocketPort` (which also reaches a
+/// Foundation program's `SocketPort`: see `PortWireFormat`); messages on
+/// it arrive in the order sent, each whole.
 ///
 /// ## Blocking
 ///
@@ -39,10 +41,12 @@ public final class RemotePort: @unchecked Sendable {
     public let name: String?
 
     /// A Unix-domain sequenced-packet socket (records, descriptors), or a
-    /// TCP stream (frames, bytes only).
-    enum Transport {
+    /// TCP stream (frames, bytes only) in Spindle's framing or in
+    /// Foundation's, whose every frame names its destination by `signature`.
+    enum Transport: Equatable {
         case local
         case stream
+        case foundationStream(signature: [UInt8])
     }
 
     private let transport: Transport
@@ -132,13 +136,35 @@ public final class RemotePort: @unchecked Sendable {
     /// carries bytes only (a `.remotePort` or `LocalPort` throws
     /// `.notTransferable`); every byte buffer travels in the frame.
     ///
+    /// With `wireFormat: .foundationSocketPort` it sends Foundation
+    /// `SocketPort` frames, to a `NetworkPort` in that format or to a
+    /// Foundation program's listening `SocketPort`: one-way messages of byte
+    /// buffers only (`sendRequest`, or a port in the envelope, throws
+    /// `.unsupportedByFoundationWireFormat`). Foundation's receiver drops
+    /// messages under 12 bytes or over about 32 KB and traps on frames that
+    /// arrive together: see `PortWireFormat` for how to send to it.
+    ///
     /// - Throws: `.nameNotFound` if nothing listens there (connection
     ///   refused); `.timedOut`; `.system` (an address that is not a dotted
     ///   IPv4 address, a network that says no).
-    public static func connect(host: String, port: UInt16, timeout: Duration = .seconds(5)) throws(PortError) -> RemotePort {
+    public static func connect(
+        host: String, port: UInt16, wireFormat: PortWireFormat = .spindle, timeout: Duration = .seconds(5)
+    ) throws(PortError) -> RemotePort {
         require(timeout >= .zero, "RemotePort.connect: `timeout` is \(timeout); it cannot be negative")
         let fd = try PortSocketCalls.tcpConnect(host: host, port: port, before: MonotonicClock.now.advanced(by: timeout))
-        return RemotePort(adopting: fd, name: "\(host):\(port)", transport: .stream)
+        let transport: Transport
+        switch wireFormat {
+        case .spindle: transport = .stream
+        case .foundationSocketPort: transport = .foundationStream(signature: FoundationPortWire.signature(host: host, port: port))
+        }
+        return RemotePort(adopting: fd, name: "\(host):\(port)", transport: transport)
+    }
+
+    /// The frames it sends: Foundation's `SocketPort`'s if it was connected
+    /// in that format, Spindle's otherwise (also for a named port's).
+    public var wireFormat: PortWireFormat {
+        if case .foundationStream = transport { return .foundationSocketPort }
+        return .spindle
     }
 
     /// Whether the port can still send (false after `invalidate()`; a port
@@ -148,11 +174,17 @@ public final class RemotePort: @unchecked Sendable {
     /// Sends `message` one way, waiting at most `timeout` for room in the
     /// connection's buffer. Any thread; blocks at most `timeout`.
     ///
-    /// - Throws: `.messageTooLarge`, `.tooManyComponents`, `.notTransferable`
-    ///   (nothing sent); `.timedOut`; `.peerGone`; `.invalidated`; `.system`.
+    /// - Throws: `.messageTooLarge`, `.tooManyComponents`, `.notTransferable`,
+    ///   `.unsupportedByFoundationWireFormat` (nothing sent); `.timedOut`;
+    ///   `.peerGone`; `.invalidated`; `.system`.
     public func send(_ message: PortEnvelope, timeout: Duration) throws(PortError) {
         require(timeout >= .zero, "RemotePort.send: `timeout` is \(timeout); it cannot be negative")
         let deadline = MonotonicClock.now.advanced(by: timeout)
+        if case .foundationStream(let signature) = transport {
+            let frame = try FoundationPortWire.frame(message, destination: signature)
+            try withDescriptor { fd throws(PortError) in try writeFrame(frame, to: fd, before: deadline) }
+            return
+        }
         let record = try PortWire.encode(message, kind: .oneWay, sequence: 0, descriptors: transport == .local)
         defer { PortSocketCalls.close(record.fds) }
         try withDescriptor { fd throws(PortError) in try write(record, to: fd, before: deadline) }
@@ -164,11 +196,20 @@ public final class RemotePort: @unchecked Sendable {
         case .local:
             try PortSocketCalls.send(fd, record.bytes, fds: record.fds, before: deadline)
         case .stream:
-            let frame = PortWire.frame(record.bytes)
-            writeLock.lock()
-            defer { writeLock.unlock() }
-            try PortSocketCalls.streamSendAll(fd, frame, before: deadline)
+            try writeFrame(PortWire.frame(record.bytes), to: fd, before: deadline)
+        case .foundationStream:
+            // `send` frames its own messages in this format and
+            // `sendRequest` refuses: a Spindle record here is a bug in Spindle.
+            misuse("RemotePort: a Spindle record reached a connection in Foundation's SocketPort format")
         }
+    }
+
+    /// Writes one whole frame to the stream, so that frames from several
+    /// threads do not interleave.
+    private func writeFrame(_ frame: [UInt8], to fd: Int32, before deadline: MonotonicClock.Instant) throws(PortError) {
+        writeLock.lock()
+        defer { writeLock.unlock() }
+        try PortSocketCalls.streamSendAll(fd, frame, before: deadline)
     }
 
     /// Sends `message` as a request and waits for the owner's reply: the
@@ -178,10 +219,15 @@ public final class RemotePort: @unchecked Sendable {
     /// time per `RemotePort`.
     ///
     /// - Throws: as `send`, and `.replyTimedOut`, or `.peerGone` if the
-    ///   owner died or dropped the connection before replying.
+    ///   owner died or dropped the connection before replying;
+    ///   `.unsupportedByFoundationWireFormat` (nothing sent) on a port
+    ///   connected in `.foundationSocketPort` format, which has no replies.
     public func sendRequest(_ message: PortEnvelope, timeout: Duration, replyTimeout: Duration) throws(PortError) -> PortEnvelope {
         require(timeout >= .zero, "RemotePort.sendRequest: `timeout` is \(timeout); it cannot be negative")
         require(replyTimeout >= .zero, "RemotePort.sendRequest: `replyTimeout` is \(replyTimeout); it cannot be negative")
+        if case .foundationStream = transport {
+            throw .unsupportedByFoundationWireFormat("a request (Foundation's SocketPort never replies on the connection a message came on)")
+        }
         requestLock.lock()
         defer { requestLock.unlock() }
         let sequence = nextSequence
