@@ -11,8 +11,8 @@
 /// its global concurrent executor runs on Spindle's pool instead of
 /// Dispatch's: tasks created without an actor or an executor preference
 /// (`Task {}` from nonisolated code, `Task.detached`, `async let`, task-group
-/// children), the nonisolated parts of every task, and the jobs of default
-/// actors. Timed jobs (`Task.sleep` on `ContinuousClock` or
+/// children), the nonisolated parts of every task without an executor
+/// preference, and the jobs of default actors. Timed jobs (`Task.sleep` on `ContinuousClock` or
 /// `SuspendingClock`) wait on Spindle's delay thread, the one that serves
 /// `WorkQueue.async(after:)`, and then run on the pool.
 ///
@@ -62,8 +62,9 @@
 /// default executor, Dispatch's, to time the job), so with them the timed
 /// jobs would stay on Dispatch; and a C hook needs the runtime's calling
 /// convention declared by hand and the job pointer reinterpreted, where
-/// the factory passes an ordinary `ExecutorJob` to `enqueue`. Both SPIs
-/// exist from Swift 6.3 on; with an older toolchain the install stops the
+/// the factory passes an ordinary `ExecutorJob` to `enqueue`. The names
+/// used are Swift 6.3's (6.2 called the scheduling protocol
+/// `SchedulableExecutor`); with an older toolchain the install stops the
 /// process with a message.
 ///
 /// Enqueuing stores the job by value in the pool's rings (or the delay
