@@ -114,4 +114,64 @@ struct ExecutorStressTests {
         #expect(served.withLock { $0 } == 6 * perWaiter)
         #expect(semaphore.value == 0)
     }
+
+    /// Swift's global executor on Spindle's pool (installed in a child
+    /// process: the install is one-way): tasks of every priority band, each
+    /// with children, sleeps and hops through a default actor, all at once.
+    /// Every job runs once, on the pool, and the counts are exact; under
+    /// ThreadSanitizer a report fails the child (TSAN_OPTIONS' exitcode).
+    @Test func globalExecutorOnThePoolRunsEveryJobOnce() async {
+        let r = await #expect(processExitsWith: .success, observing: [\.standardErrorContent]) {
+            SpindleConcurrency.installAsGlobalExecutor()
+            let tasks = underThreadSanitizer ? 200 : 2_000
+            let priorities: [TaskPriority] = [.high, .medium, .low, .background]
+            let tally = GlobalTally()
+            await withTaskGroup(of: Void.self) { group in
+                for t in 0..<tasks {
+                    group.addTask(priority: priorities[t % priorities.count]) {
+                        await withTaskGroup(of: Void.self) { children in
+                            for _ in 0..<10 { children.addTask { tally.note() } }
+                        }
+                        if t % 10 == 0 { try? await Task.sleep(for: .microseconds(100)) }
+                        await tally.actor.add(1)
+                        tally.note()
+                    }
+                }
+            }
+            let (notes, offPool) = tally.counts
+            let added = await tally.actor.total
+            if notes != tasks * 11 || offPool != 0 || added != tasks {
+                fatalError("notes \(notes) of \(tasks * 11), off the pool \(offPool), actor \(added) of \(tasks)")
+            }
+        }
+        let stderr = String(decoding: r?.standardErrorContent ?? [], as: UTF8.self)
+        #expect(!stderr.contains("ThreadSanitizer"), "\(stderr)")
+    }
+}
+
+/// Counts notes from jobs of the global executor, and those that ran
+/// outside an item of one of Spindle's global queues.
+private final class GlobalTally: @unchecked Sendable {
+    // @unchecked: the counts are guarded by `lock`; `actor` is an actor.
+    private let lock = Lock()
+    private var notes = 0
+    private var offPool = 0
+    let actor = Summer()
+
+    func note() {
+        let current = WorkQueue.current
+        let onPool = WorkQueue.Priority.allCases.contains { current == WorkQueue.global($0) }
+        lock.withLock {
+            notes += 1
+            if !onPool { offPool += 1 }
+        }
+    }
+
+    var counts: (notes: Int, offPool: Int) { lock.withLock { (notes, offPool) } }
+}
+
+/// A default actor: its jobs run on the global executor.
+private actor Summer {
+    private(set) var total = 0
+    func add(_ n: Int) { total += n }
 }

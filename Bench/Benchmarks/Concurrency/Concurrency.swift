@@ -24,6 +24,9 @@
 //    `withTaskGroup` summing the leaves, inside
 //    `withTaskExecutorPreference(WorkQueue.global())` beside the default
 //    executor [ref]; one operation is the whole tree (1,111,110 child tasks).
+//    The "globalExecutor" row runs the reference's tree after
+//    `SpindleConcurrency.installAsGlobalExecutor()` (experimental): Swift's
+//    global executor itself on Spindle's pool.
 // 4. concurrency.handoff: two tasks on the default executor pass a token
 //    back and forth, through AsyncStream [ref] and through a
 //    withCheckedContinuation rendezvous; one operation is one hand-off (half
@@ -300,15 +303,30 @@ let benchmarks: @Sendable () -> Void = {
             reportedMetrics: [.timePerOperation, .cpuPerOperation], operationsPerIteration: 1)
         sideBySide(
             group: group, settings: settings,
-            spindle: selfTimed {
-                runTask("\(group)/Spindle") {
-                    let sum = await withTaskExecutorPreference(WorkQueue.global()) {
-                        await skynet(0, skynetLeaves)
+            implementations: [
+                Implementation("Spindle", isReference: false, body: selfTimed {
+                    runTask("\(group)/Spindle") {
+                        let sum = await withTaskExecutorPreference(WorkQueue.global()) {
+                            await skynet(0, skynetLeaves)
+                        }
+                        if sum != skynetSum { report("\(group)/Spindle: sum \(sum), expected \(skynetSum)") }
                     }
-                    if sum != skynetSum { report("\(group)/Spindle: sum \(sum), expected \(skynetSum)") }
-                }
-            },
-            peers: [
+                }),
+                // The experimental opt-in: the same tree as the reference,
+                // with Swift's global executor moved onto Spindle's pool.
+                // package-benchmark runs each benchmark in a process of its
+                // own, so the one-way install affects this row only; it
+                // happens in the first call (the warm-up), while the
+                // harness's runner is blocked in this body.
+                Implementation("Spindle.globalExecutor", isReference: false, body: selfTimed {
+                    if !SpindleConcurrency.isInstalledAsGlobalExecutor {
+                        SpindleConcurrency.installAsGlobalExecutor()
+                    }
+                    runTask("\(group)/Spindle.globalExecutor") {
+                        let sum = await skynet(0, skynetLeaves)
+                        if sum != skynetSum { report("\(group)/Spindle.globalExecutor: sum \(sum), expected \(skynetSum)") }
+                    }
+                }),
                 .reference("default executor", body: selfTimed {
                     runTask("\(group)/default executor") {
                         let sum = await skynet(0, skynetLeaves)

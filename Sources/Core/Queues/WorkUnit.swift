@@ -22,6 +22,10 @@ enum WorkUnit {
     case drain(WorkQueue)
     /// A Swift concurrency job enqueued on the queue as an executor.
     case job(UnownedJob, WorkQueue)
+    /// A job of Swift's global concurrent executor, once Spindle's pool is
+    /// installed as that executor (`SpindleConcurrency`): it runs with the
+    /// installed executor as its task executor, not with a queue.
+    case globalJob(UnownedJob)
 
     /// Whether the unit must run alone on its queue.
     var isBarrier: Bool {
@@ -51,6 +55,8 @@ enum WorkUnit {
             queue.drain()
         case .job(let job, let queue):
             queue.runJob(job)
+        case .globalJob(let job):
+            PoolGlobalExecutor.run(job)
         }
     }
 
@@ -61,7 +67,7 @@ enum WorkUnit {
         switch self {
         // A job's unit holds its queue, so a queue with jobs in its ring is
         // never released: a suspended queue keeps its jobs until resumed.
-        case .closure, .drain, .job: break
+        case .closure, .drain, .job, .globalJob: break
         case .grouped(_, let group): group.leave()
         case .barrier(_, let group): group?.leave()
         case .item(let item): item.discardUnrun()
