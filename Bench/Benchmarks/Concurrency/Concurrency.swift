@@ -14,7 +14,10 @@
 //    is not a thread hop: the queue's drain is submitted from the caller's
 //    own worker and runs there (the pool's next-unit slot), then the caller
 //    resumes on it too; it shows what an actor on a queue costs a task on
-//    the pool.
+//    the pool. The "globalExecutor" rows run the first two rows' plain
+//    caller task after `SpindleConcurrency.installAsGlobalExecutor()`
+//    (experimental), so the caller's half of the round trip is on
+//    Spindle's pool too.
 // 2. concurrency.task spawn+await: `Task(executorPreference:
 //    WorkQueue.global()) {}` then `await .value`, beside `Task {}` on the
 //    default executor [ref]; one operation is one task. Spindle's row drives
@@ -239,6 +242,29 @@ let benchmarks: @Sendable () -> Void = {
                 Implementation("Spindle.WorkQueue callerOnPool", isReference: false) { benchmark in
                     let n = benchmark.scaledIterations.count
                     runTask("\(group)/Spindle.WorkQueue callerOnPool", preferring: WorkQueue.global()) {
+                        for _ in 0..<n { blackHole(await queueActor.ping()) }
+                    }
+                },
+                // The experimental opt-in: the caller is a plain task, as in
+                // the first two rows, but Swift's global executor is
+                // Spindle's pool (package-benchmark runs each row in a
+                // process of its own, so the one-way install affects this
+                // row only).
+                Implementation("Spindle.ThreadLoop globalExecutor", isReference: false) { benchmark in
+                    if !SpindleConcurrency.isInstalledAsGlobalExecutor {
+                        SpindleConcurrency.installAsGlobalExecutor()
+                    }
+                    let n = benchmark.scaledIterations.count
+                    runTask("\(group)/Spindle.ThreadLoop globalExecutor") {
+                        for _ in 0..<n { blackHole(await loopActor.ping()) }
+                    }
+                },
+                Implementation("Spindle.WorkQueue globalExecutor", isReference: false) { benchmark in
+                    if !SpindleConcurrency.isInstalledAsGlobalExecutor {
+                        SpindleConcurrency.installAsGlobalExecutor()
+                    }
+                    let n = benchmark.scaledIterations.count
+                    runTask("\(group)/Spindle.WorkQueue globalExecutor") {
                         for _ in 0..<n { blackHole(await queueActor.ping()) }
                     }
                 },
