@@ -75,6 +75,50 @@ struct EventRegistryTests {
         }
     }
 
+    /// A registry that waits in the kernel while descriptors are registered
+    /// (the event reactor's): with every watch consumed, a re-arm from
+    /// another thread reaches the owner's epoll wait directly, with no wake
+    /// (no wake request, no wake-word sleep to end). Without the setting the
+    /// same re-arm must wake the owner, asleep on its wake word.
+    @Test(arguments: [true, false])
+    func reArmFromAnotherThreadReachesAKernelWaitWithoutAWake(waitsInKernel: Bool) throws {
+        let registry = try EventRegistry(kind: .epoll)
+        registry.waitsInKernelWhileRegistered = waitsInKernel
+        try withPipe { readEnd, writeEnd in
+            let token = try registry.register(readEnd, for: .readable)
+            var b: UInt8 = 1
+            _ = write(writeEnd, &b, 1)
+            var events: [ReadyEvent] = []
+            _ = registry.wait(until: .now.advanced(by: .seconds(10)), events: &events)
+            #expect(events.map(\.token) == [token])
+            events.removeAll()
+            // The watch is consumed and the pipe still holds the byte: the
+            // owner's next wait has nothing armed until the other thread
+            // re-arms.
+            let box = Unchecked(registry)
+            let neededWake = LockedValue<Bool?>(nil)
+            let join = startThread {
+                usleep(30_000)
+                let mustWake = box.value.rearmNow(token)
+                neededWake.withLock { $0 = mustWake }
+                if mustWake { box.value.wake() }
+            }
+            let woken = registry.wait(until: .now.advanced(by: .seconds(10)), events: &events)
+            join()
+            // Reached by the re-arm itself, or woken first (a wake-word
+            // sleep returns without polling): then the next wait reports.
+            #expect(woken == !waitsInKernel)
+            if events.isEmpty {
+                _ = registry.wait(until: .now.advanced(by: .seconds(10)), events: &events)
+            }
+            #expect(events.map(\.token) == [token])
+            #expect(neededWake.withLock { $0 } == !waitsInKernel)
+            #expect(registry.statistics.wakeRequests == (waitsInKernel ? 0 : 1))
+            registry.deregister(token)
+            registry.applyChanges()
+        }
+    }
+
     /// Two registrations on one descriptor (a socket's reader and writer):
     /// each is reported for its own interest, and ending one leaves the
     /// other working.
