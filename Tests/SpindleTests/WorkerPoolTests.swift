@@ -37,6 +37,39 @@ private func spindleThreadsCPUNanoseconds() -> (nanoseconds: Int, threads: Int) 
     return (total, threads)
 }
 
+/// Context switches (voluntary and not) of every pool worker thread
+/// ("spindle.std", the default band's), summed: each wake-up of a parked
+/// worker is at least one.
+private func poolWorkerSwitches() -> (switches: Int, threads: Int) {
+    guard let dir = opendir("/proc/self/task") else { return (-1, 0) }
+    defer { closedir(dir) }
+    var total = 0
+    var threads = 0
+    while let entry = readdir(dir) {
+        let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
+        guard let tid = Int32(name) else { continue }
+        guard let comm = procFileText("/proc/self/task/\(tid)/comm"), comm.hasPrefix("spindle.std") else { continue }
+        // The switch counts are the last lines of a ~1.5 KB file, past what
+        // `procFileText` reads: read it whole.
+        let fd = open("/proc/self/task/\(tid)/status", O_RDONLY)
+        guard fd >= 0 else { continue }
+        var status: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 4096)
+        while true {
+            let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+            if n <= 0 { break }
+            status += chunk[0..<n]
+        }
+        close(fd)
+        // "voluntary_ctxt_switches:\t12", "nonvoluntary_ctxt_switches:\t3"
+        let lines = String(decoding: status, as: UTF8.self).split(separator: "\n").filter { $0.contains("ctxt_switches:") }
+        guard lines.count == 2 else { return (-1, 0) }
+        for line in lines { total += Int(String(line.filter(\.isNumber))) ?? 0 }
+        threads += 1
+    }
+    return (total, threads)
+}
+
 /// The pool's behaviour as a whole: CPU and memory at rest, and progress
 /// while items block. The two measurements run in child processes (exit
 /// tests), where no other test's items run and no other test's allocations
@@ -84,6 +117,28 @@ struct WorkerPoolTests {
                 exit(2)
             }
             exit(used < 3_000_000 ? 0 : 1)
+        }
+        print(stderr(r))
+    }
+
+    /// A pool within its width that goes idle sleeps until woken: its
+    /// workers do not wake once in the 2.5 s after the work ends (past the
+    /// 2 s idle-exit deadline, which only a worker beyond the width sleeps
+    /// with).
+    @Test func parkedWorkersWithinTheWidthDoNotWakeOnTheirOwn() async {
+        let r = await #expect(processExitsWith: .success, observing: [\.standardErrorContent]) {
+            let group = WorkGroup()
+            for _ in 0..<10_000 { WorkQueue.global().async(group: group) {} }
+            await group.wait()
+            // The last searcher's spin ends within microseconds; leave it
+            // time to park.
+            NativeThread.sleep(for: .milliseconds(200))
+            let before = poolWorkerSwitches()
+            NativeThread.sleep(for: .milliseconds(2_500))
+            let after = poolWorkerSwitches()
+            writeToStandardError("SWITCHES: \(after.threads) pool workers (width \(WorkQueue.poolWidth)) switched \(after.switches - before.switches) times in 2.5 s idle\n")
+            guard before.switches >= 0, after.threads > 0, after.threads <= WorkQueue.poolWidth else { exit(2) }
+            exit(after.switches == before.switches ? 0 : 1)
         }
         print(stderr(r))
     }

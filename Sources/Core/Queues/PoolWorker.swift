@@ -271,22 +271,26 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
             AtomicMemory.add(-1, to: pool.searching, ordering: .sequentiallyConsistent)
         }
         AtomicMemory.add(-1, to: pool.active, ordering: .sequentiallyConsistent)
+        // Only a worker beyond the width sleeps with the idle-exit deadline.
+        // One within it sleeps until woken, so that an idle pool makes no
+        // wake-ups at all; a worker started beyond the width later parks
+        // with a deadline of its own and retires then (the count is the
+        // live threads, so whoever is beyond it when its deadline comes
+        // leaves, and the rest stay).
+        let spare = pool.threadCount > pool.width
         pool.lock.unlock()
         // The other half of the submitter's push-then-check: work pushed
         // before our decrement became visible is seen here.
         if pool.hasQueuedWork() && reclaimPermit() { return true }
         let futex = Futex(parkWord)
-        var deadline: MonotonicClock.Instant? = MonotonicClock.now.advanced(by: WorkerPool.idleExit)
+        var deadline: MonotonicClock.Instant? = spare ? MonotonicClock.now.advanced(by: WorkerPool.idleExit) : nil
         while AtomicMemory.load(from: parkWord, ordering: .acquiring) == 1 {
             if futex.wait(expecting: 1, until: deadline) == .timedOut {
                 if retireIfSpare() {
                     if pool.hasQueuedWork() { pool.notifyIfNeeded() }
                     return false
                 }
-                // Not spare: the pool is at its width. It sleeps until woken,
-                // so that an idle pool makes no wake-ups at all; a worker
-                // started beyond the width later parks with a deadline of
-                // its own and retires then.
+                // Others retired first: the pool is at its width again.
                 deadline = nil
             }
         }
