@@ -115,28 +115,28 @@ struct ExecutorTests {
             "'actor.concurrent' is concurrent; only a serial queue can be an actor's executor"))
     }
 
-    @Test func awaitingAGroupSuspendsUntilItIsEmptyOrTimesOut() async {
+    @Test func awaitingAGroupSuspendsUntilItIsEmptyOrTimesOut() async throws {
         let group = WorkGroup()
-        #expect(await group.wait(timeout: .zero) == .completed)
+        #expect(try await group.wait(timeout: .zero) == .completed)
         group.enter()
-        #expect(await group.wait(timeout: .milliseconds(5)) == .timedOut)
+        #expect(try await group.wait(timeout: .milliseconds(5)) == .timedOut)
         let sum = LockedValue(0)
         for i in 1...100 { WorkQueue.global().async(group: group) { sum.withLock { $0 += i } } }
         group.leave()
-        await group.wait()
+        try await group.wait()
         #expect(sum.withLock { $0 } == 5_050)
     }
 
-    @Test func awaitingAWorkItemAndAJob() async {
+    @Test func awaitingAWorkItemAndAJob() async throws {
         let queue = WorkQueue(label: "await.item")
         let ran = LockedValue(false)
         let item = WorkItem { ran.withLock { $0 = true } }
         queue.async(item)
-        await item.wait()
+        try await item.wait()
         #expect(ran.withLock { $0 })
         let jobs = JobQueue(name: "await.jobs")
         let job = jobs.add { ran.withLock { $0 = false } }
-        await job.waitUntilFinished()
+        try await job.waitUntilFinished()
         #expect(job.isFinished && !ran.withLock { $0 })
     }
 
@@ -158,21 +158,21 @@ struct ExecutorTests {
         try await thread.thread.join()
     }
 
-    @Test func awaitedSemaphoreHandsOffBetweenTasks() async {
+    @Test func awaitedSemaphoreHandsOffBetweenTasks() async throws {
         let ping = Semaphore(value: 0)
         let pong = Semaphore(value: 0)
         let rounds = 2_000
         let echo = Task {
             for _ in 0..<rounds {
-                await ping.wait()
+                try await ping.wait()
                 pong.signal()
             }
         }
         for _ in 0..<rounds {
             ping.signal()
-            await pong.wait()
+            try await pong.wait()
         }
-        await echo.value
+        try await echo.value
         #expect(ping.value == 0 && pong.value == 0)
     }
 
@@ -182,7 +182,7 @@ struct ExecutorTests {
         await withTaskGroup(of: Void.self) { group in
             for _ in 0..<200 {
                 group.addTask {
-                    await permits.wait()
+                    try! await permits.wait()  // never cancelled
                     _ = occupancy.enter()
                     await Task.yield()
                     occupancy.leave()
@@ -210,7 +210,7 @@ struct ExecutorTests {
                 for _ in 0..<2 {
                     group.addTask {
                         for _ in 0..<500 {
-                            await semaphore.wait()
+                            try! await semaphore.wait()  // never cancelled
                             served.withLock { $0 += 1 }
                         }
                     }
@@ -222,5 +222,104 @@ struct ExecutorTests {
         for join in threads { join() }
         #expect(served.withLock { $0 } == 2_000)
         #expect(semaphore.value == 0)
+    }
+
+    // MARK: Cancellation of the async waits
+
+    /// Whether `task` ended in `CancellationError` within 10 s of being
+    /// cancelled (a wait that ignored the cancellation would hang there).
+    private func endsInCancellation(_ task: Task<Void, any Error>) async -> Bool {
+        task.cancel()
+        let outcome = LockedValue<Bool?>(nil)
+        let watcher = Task {
+            do {
+                try await task.value
+                outcome.withLock { $0 = false }
+            } catch is CancellationError {
+                outcome.withLock { $0 = true }
+            } catch {
+                outcome.withLock { $0 = false }
+            }
+        }
+        let deadline = MonotonicClock.now.advanced(by: .seconds(10))
+        while outcome.withLock({ $0 }) == nil && MonotonicClock.now < deadline {
+            try? await Task.sleep(for: .milliseconds(1))
+        }
+        watcher.cancel()
+        return outcome.withLock { $0 } == true
+    }
+
+    /// A task waiting on an empty semaphore leaves the line when cancelled:
+    /// the wait throws, the count is as before the wait, and the next
+    /// signal goes to the next waiter rather than to the one that left.
+    @Test func cancellingAnAwaitedSemaphoreWaitEndsItAndLeavesTheCountAlone() async throws {
+        let semaphore = Semaphore(value: 0)
+        let started = Semaphore(value: 0)
+        let waiter = Task {
+            started.signal()
+            try await semaphore.wait()
+        }
+        try await started.wait()
+        // Give it time to suspend in line (a cancellation before that is
+        // the other path, tested below).
+        while semaphore.value == 0 { await Task.yield() }
+        #expect(semaphore.value == -1)
+        try? await Task.sleep(for: .milliseconds(20))
+        #expect(await endsInCancellation(waiter))
+        #expect(semaphore.value == 0)
+        // The next waiter gets the next signal.
+        let next = Task { try await semaphore.wait() }
+        semaphore.signal()
+        try await next.value
+        #expect(semaphore.value == 0)
+    }
+
+    /// Already cancelled: a wait that would suspend throws at once; a
+    /// resource available now is still taken.
+    @Test func aCancelledTaskTakesAnAvailableResourceAndOtherwiseThrows() async throws {
+        let semaphore = Semaphore(value: 1)
+        let outcome = LockedValue<[String]>([])
+        let task = Task {
+            withUnsafeCurrentTask { $0?.cancel() }
+            do { try await semaphore.wait(); outcome.withLock { $0.append("took") } }
+            catch { outcome.withLock { $0.append("threw") } }
+            do { try await semaphore.wait(); outcome.withLock { $0.append("took") } }
+            catch { outcome.withLock { $0.append("threw") } }
+        }
+        await task.value
+        #expect(outcome.withLock { $0 } == ["took", "threw"])
+        #expect(semaphore.value == 0)
+    }
+
+    /// Group, item, job and join waits end on cancellation; what they waited
+    /// for goes on and completes later without harm.
+    @Test func cancellingTheOtherAsyncWaitsEndsThem() async throws {
+        let group = WorkGroup()
+        group.enter()
+        #expect(await endsInCancellation(Task { try await group.wait() }))
+        #expect(await endsInCancellation(Task { _ = try await group.wait(timeout: .seconds(60)) }))
+        group.leave()
+        try await group.wait()
+
+        let gate = Semaphore(value: 0)
+        let queue = WorkQueue(label: "cancel.item")
+        let item = WorkItem { withBlockingRegion { gate.wait() } }
+        queue.async(item)
+        #expect(await endsInCancellation(Task { try await item.wait() }))
+
+        let jobs = JobQueue(name: "cancel.jobs")
+        let job = jobs.add { withBlockingRegion { gate.wait() } }
+        #expect(await endsInCancellation(Task { try await job.waitUntilFinished() }))
+
+        let thread = try NativeThread.start { gate.wait() }
+        #expect(await endsInCancellation(Task { _ = try await thread.join() }))
+
+        for _ in 0..<3 { gate.signal() }
+        try await item.wait()
+        try await job.waitUntilFinished()
+        // The cancelled join still joins the thread on a pool worker.
+        let deadline = MonotonicClock.now.advanced(by: .seconds(10))
+        while !thread.isFinished && MonotonicClock.now < deadline { try await Task.sleep(for: .milliseconds(1)) }
+        #expect(thread.isFinished)
     }
 }

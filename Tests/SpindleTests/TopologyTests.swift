@@ -118,7 +118,7 @@ struct TopologyTests {
             let group = WorkGroup()
             WorkQueue.global().async(group: group) { gate.wait() }
             WorkQueue.global().async(group: group) { _ = gate.signal() }
-            exit(await group.wait(timeout: .seconds(30)) == .completed ? 0 : 4)
+            exit(try await group.wait(timeout: .seconds(30)) == .completed ? 0 : 4)
         }
     }
 }

@@ -157,7 +157,7 @@ struct WorkQueueMisuseTests {
             let item = WorkItem {}
             let queue = WorkQueue(label: "misuse.item")
             queue.async(item)
-            await item.wait()
+            try! await item.wait()  // never cancelled
             queue.async(item)
             Latch().wait(seconds: 30)
         }

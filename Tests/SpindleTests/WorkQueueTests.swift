@@ -332,8 +332,8 @@ struct WorkQueueEdgeTests {
             for i in 0..<20 { WorkQueue.global().async(group: all) { log.append(i) } }
             WorkQueue.global(.high).async(group: all) { log.append(-1) }
             release.withLock { $0 = true }
-            guard await all.wait(timeout: .seconds(30)) == .completed,
-                  await hold.wait(timeout: .seconds(30)) == .completed
+            guard try await all.wait(timeout: .seconds(30)) == .completed,
+                  try await hold.wait(timeout: .seconds(30)) == .completed
             else { exit(3) }
             // Each freed worker takes one unit first; at most one look in 61
             // starts at the default lane (so the injector is never starved).

@@ -100,7 +100,7 @@ struct WorkerPoolTests {
             let semaphores = (0..<(WorkQueue.poolWidth + 4)).map { _ in Semaphore(value: 0) }
             for s in semaphores { WorkQueue.global().async(group: group) { s.wait() } }
             for s in semaphores { WorkQueue.global().async(group: group) { _ = s.signal() } }
-            await group.wait()
+            try! await group.wait()  // never cancelled
             NativeThread.sleep(for: .seconds(3))
             var usage = rusage()
             getrusage(__rusage_who_t(RUSAGE_SELF.rawValue), &usage)
@@ -129,7 +129,7 @@ struct WorkerPoolTests {
         let r = await #expect(processExitsWith: .success, observing: [\.standardErrorContent]) {
             let group = WorkGroup()
             for _ in 0..<10_000 { WorkQueue.global().async(group: group) {} }
-            await group.wait()
+            try! await group.wait()  // never cancelled
             // The last searcher's spin ends within microseconds; leave it
             // time to park.
             NativeThread.sleep(for: .milliseconds(200))

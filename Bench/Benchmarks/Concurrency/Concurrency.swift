@@ -399,15 +399,16 @@ let benchmarks: @Sendable () -> Void = {
                     runTask("\(group)/Spindle.Semaphore") {
                         let toPartner = Spindle.Semaphore(value: 0)
                         let toDriver = Spindle.Semaphore(value: 0)
+                        // Never cancelled: the waits cannot throw here.
                         let partner = Task {
                             for _ in 0..<roundTrips {
-                                await toPartner.wait()
+                                try! await toPartner.wait()
                                 toDriver.signal()
                             }
                         }
                         for _ in 0..<roundTrips {
                             toPartner.signal()
-                            await toDriver.wait()
+                            try! await toDriver.wait()
                         }
                         await partner.value
                     }

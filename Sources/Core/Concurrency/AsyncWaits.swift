@@ -2,91 +2,154 @@
 /// blocking its thread (a cooperative thread blocked in a wait is a thread
 /// the whole program's tasks lose). The blocking forms are marked
 /// `noasync`, so the compiler points at a blocking wait in async code.
+///
+/// Cancellation: a task cancelled while it waits (or before it has to) ends
+/// the wait at once and the call throws `CancellationError`, as
+/// `Task.sleep` does; what it waited for goes on without it (a group's
+/// members, an item, a job, a thread). A wait that needs none (the group
+/// already empty, the item or job already finished) returns normally even
+/// in a cancelled task. `ThreadLoop.performReturning` is not a wait and is
+/// not cut short: its block is on the loop already.
 
 extension WorkGroup {
     /// Suspends the calling task until the group is empty; returns at once
     /// if it is. No thread waits: a notification on the default global
     /// queue resumes the task. Memory: sees everything the members wrote.
-    public func wait() async {
-        _ = await wait(until: .distantFuture)
+    /// Throws `CancellationError` if the task is cancelled first.
+    public func wait() async throws(CancellationError) {
+        _ = try await wait(until: .distantFuture)
     }
 
     /// Suspends the calling task until the group is empty or `deadline`
     /// passes (a timer of `WorkQueue.async(after:)` ends the wait; the
-    /// notification stays registered until the group empties).
-    public func wait(until deadline: MonotonicClock.Instant) async -> WorkWaitResult {
+    /// notification stays registered until the group empties). Throws
+    /// `CancellationError` if the task is cancelled first.
+    public func wait(until deadline: MonotonicClock.Instant) async throws(CancellationError) -> WorkWaitResult {
         if AtomicMemory.load(from: countWord, ordering: .acquiring) & Self.countMask == 0 { return .completed }
-        return await suspendUntilNotified(until: deadline) { notify(on: .global(), $0) }
+        return try await suspendUntilNotified(until: deadline) { notify(on: .global(), $0) }
     }
 
     /// Suspends the calling task until the group is empty or `timeout` has
-    /// passed.
-    public func wait(timeout: Duration) async -> WorkWaitResult {
-        await wait(until: MonotonicClock.now.advanced(by: timeout))
+    /// passed. Throws `CancellationError` if the task is cancelled first.
+    public func wait(timeout: Duration) async throws(CancellationError) -> WorkWaitResult {
+        try await wait(until: MonotonicClock.now.advanced(by: timeout))
     }
 }
 
 extension WorkItem {
     /// Suspends the calling task until the item has finished (run, or
     /// skipped as cancelled). No thread waits: a notification on the default
-    /// global queue resumes the task.
-    public func wait() async {
-        _ = await wait(until: .distantFuture)
+    /// global queue resumes the task. Throws `CancellationError` if the
+    /// task is cancelled first (the item is not cancelled with it).
+    public func wait() async throws(CancellationError) {
+        _ = try await wait(until: .distantFuture)
     }
 
     /// Suspends the calling task until the item has finished or `deadline`
-    /// passes.
-    public func wait(until deadline: MonotonicClock.Instant) async -> WorkWaitResult {
+    /// passes. Throws `CancellationError` if the task is cancelled first.
+    public func wait(until deadline: MonotonicClock.Instant) async throws(CancellationError) -> WorkWaitResult {
         if isFinished { return .completed }
-        return await suspendUntilNotified(until: deadline) { notify(on: .global(), $0) }
+        return try await suspendUntilNotified(until: deadline) { notify(on: .global(), $0) }
     }
 
     /// Suspends the calling task until the item has finished or `timeout`
-    /// has passed.
-    public func wait(timeout: Duration) async -> WorkWaitResult {
-        await wait(until: MonotonicClock.now.advanced(by: timeout))
+    /// has passed. Throws `CancellationError` if the task is cancelled first.
+    public func wait(timeout: Duration) async throws(CancellationError) -> WorkWaitResult {
+        try await wait(until: MonotonicClock.now.advanced(by: timeout))
     }
 }
 
-/// Suspends until `register`'s notification runs (`.completed`) or
-/// `deadline` passes (`.timedOut`), whichever comes first; the other one
-/// finds the task resumed and does nothing.
+/// How a suspended wait ended. Whichever of the notification, the timer and
+/// the task's cancellation comes first resumes the task; the others find it
+/// resumed and do nothing.
+private enum WaitOutcome: Sendable {
+    case completed, timedOut, cancelled
+}
+
+/// The continuation of one suspended wait, resumed once by whichever comes
+/// first: its outcome may arrive before the continuation is in place (a
+/// cancellation that raced the suspension), and is then kept for it.
+private final class OneResumption: @unchecked Sendable {
+    // @unchecked: everything is guarded by `lock`.
+    private let lock = GuardLock()
+    private var continuation: CheckedContinuation<WaitOutcome, Never>?
+    private var outcome: WaitOutcome?
+
+    func install(_ continuation: CheckedContinuation<WaitOutcome, Never>) {
+        lock.lock()
+        if let outcome {
+            lock.unlock()
+            continuation.resume(returning: outcome)
+            return
+        }
+        self.continuation = continuation
+        lock.unlock()
+    }
+
+    /// Resumes the task with `result` unless something else did (or will:
+    /// an outcome kept before the continuation is in place).
+    func finish(_ result: WaitOutcome) {
+        lock.lock()
+        guard outcome == nil else {
+            lock.unlock()
+            return
+        }
+        outcome = result
+        let continuation = self.continuation.take()
+        lock.unlock()
+        continuation?.resume(returning: result)
+    }
+}
+
+/// Suspends until `register`'s notification runs (`.completed`),
+/// `deadline` passes (`.timedOut`) or the task is cancelled (throws),
+/// whichever comes first.
 private func suspendUntilNotified(
     until deadline: MonotonicClock.Instant, _ register: (@escaping @Sendable () -> Void) -> Void
-) async -> WorkWaitResult {
-    let resumed = LockedValue(false)
-    return await withCheckedContinuation { (continuation: CheckedContinuation<WorkWaitResult, Never>) in
-        let finish: @Sendable (WorkWaitResult) -> Void = { result in
-            if resumed.withLock({ done in defer { done = true }; return !done }) {
-                continuation.resume(returning: result)
+) async throws(CancellationError) -> WorkWaitResult {
+    let once = OneResumption()
+    let outcome = await withTaskCancellationHandler {
+        await withCheckedContinuation { (continuation: CheckedContinuation<WaitOutcome, Never>) in
+            once.install(continuation)
+            register { once.finish(.completed) }
+            if !deadline.isDistantFuture {
+                WorkQueue.global().async(after: deadline) { once.finish(.timedOut) }
             }
         }
-        register { finish(.completed) }
-        if !deadline.isDistantFuture {
-            WorkQueue.global().async(after: deadline) { finish(.timedOut) }
-        }
+    } onCancel: {
+        once.finish(.cancelled)
+    }
+    switch outcome {
+    case .completed: return .completed
+    case .timedOut: return .timedOut
+    case .cancelled: throw CancellationError()
     }
 }
 
 extension Job {
     /// Suspends the calling task until the job has finished (its state
     /// became `finished`). No thread waits: an observer resumes the task.
-    public func waitUntilFinished() async {
+    /// Throws `CancellationError` if the task is cancelled first (the job
+    /// is not cancelled with it; its observer is removed).
+    public func waitUntilFinished() async throws(CancellationError) {
         if isFinished { return }
-        let resumed = LockedValue(false)
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let resumeOnce: @Sendable () -> Void = {
-                if resumed.withLock({ done in defer { done = true }; return !done }) { continuation.resume() }
+        let once = OneResumption()
+        let observer = LockedValue<Int?>(nil)
+        let outcome = await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<WaitOutcome, Never>) in
+                once.install(continuation)
+                let id = observe { event in
+                    if case .finished = event { once.finish(.completed) }
+                }
+                observer.withLock { $0 = id }
+                // Finished before the observer was in place: nobody will call it.
+                if isFinished { once.finish(.completed) }
             }
-            let id = observe { event in
-                if case .finished = event { resumeOnce() }
-            }
-            // Finished before the observer was in place: nobody will call it.
-            if isFinished {
-                removeObserver(id)
-                resumeOnce()
-            }
+        } onCancel: {
+            once.finish(.cancelled)
         }
+        if let id = observer.withLock({ $0 }) { removeObserver(id) }
+        if case .cancelled = outcome { throw CancellationError() }
     }
 }
 
@@ -96,10 +159,27 @@ extension SpawnedThread {
     /// pool worker in a blocking region (Linux has no way to be told of a
     /// thread's end without a thread waiting for it), so the pool starts
     /// another worker meanwhile. Misuse as for `join()`.
+    ///
+    /// Cancelling the task throws `CancellationError` at once; the join
+    /// goes on on the pool worker and its result is dropped, so the thread
+    /// is still joined (nothing leaks) and may not be joined again.
     public func join() async throws -> Value {
-        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Value, any Error>) in
-            WorkQueue.global().async { continuation.resume(with: Result { try self.join() }) }
+        let once = OneResumption()
+        let result = LockedValue<Result<Value, any Error>?>(nil)
+        let outcome = await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<WaitOutcome, Never>) in
+                once.install(continuation)
+                WorkQueue.global().async {
+                    let joined = Result { try self.join() }
+                    result.withLock { $0 = joined }
+                    once.finish(.completed)
+                }
+            }
+        } onCancel: {
+            once.finish(.cancelled)
         }
+        if case .cancelled = outcome { throw CancellationError() }
+        return try result.withLock { $0 }!.get()
     }
 }
 

@@ -37,7 +37,16 @@
 ///
 /// ## Not covered
 /// - The main actor's executor stays as it was (the current
-///   `MainActor.executor` is handed back to the runtime unchanged).
+///   `MainActor.executor` is handed back to the runtime unchanged): on
+///   Linux, Dispatch's main queue, which `dispatchMain()` or Foundation's
+///   `RunLoop.main` drains. `WorkQueue.runMain()` and `ThreadLoop.main`
+///   drain Spindle's main queue, not the main actor: a program that ends in
+///   them never runs main-actor work. And in `main.swift`, whose top level
+///   is on the main actor, `Task {}` inherits the main actor: start pool
+///   work with `Task.detached` there.
+/// - `fork()`: as for the work queues (see `WorkQueue`), the child's pool
+///   starts afresh; a job that was queued or timed in the parent at the
+///   fork (a sleeping task) runs in both processes.
 /// - Actors with a custom executor and tasks with an executor preference
 ///   run where those say, as before.
 /// - A `Task.sleep` tolerance is ignored (Spindle's delay thread wakes at

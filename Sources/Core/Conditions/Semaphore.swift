@@ -68,9 +68,13 @@ public struct Semaphore: @unchecked Sendable {
     @usableFromInline
     final class Storage {
         @usableFromInline let base: UnsafeMutableRawPointer
-        /// Tasks suspended in `await wait()`, oldest first. Guarded by the
-        /// `suspendedGuard` word.
-        var suspended: [UnsafeContinuation<Void, Never>] = []
+        /// Tasks suspended in `await wait()`, oldest first, each with a
+        /// number its cancellation handler finds it by; the continuation is
+        /// resumed with true when the task took a resource, false when it
+        /// left the line because it was cancelled. Guarded by the
+        /// `suspendedGuard` word, as is `nextWaiter`.
+        var suspended: [(id: UInt64, continuation: UnsafeContinuation<Bool, Never>)] = []
+        var nextWaiter: UInt64 = 0
         init(value: Int) {
             base = allocateStableWords(byteCount: MemoryLayout<Words>.size)
             (base + MemoryLayout<Words>.offset(of: \.count)!).storeBytes(of: value, as: Int.self)
@@ -274,14 +278,14 @@ public struct Semaphore: @unchecked Sendable {
     @usableFromInline
     func resumeSuspended() {
         let guardWord = PlainFutexMutex(word: word(\.suspendedGuard))
-        var ready: [UnsafeContinuation<Void, Never>] = []
+        var ready: [UnsafeContinuation<Bool, Never>] = []
         guardWord.lock()
         while !storage.suspended.isEmpty && takeToken() {
-            ready.append(storage.suspended.removeFirst())
+            ready.append(storage.suspended.removeFirst().continuation)
             AtomicMemory.add(UInt32.max, to: word(\.suspendedCount), ordering: .sequentiallyConsistent)
         }
         guardWord.unlock()
-        for continuation in ready { continuation.resume() }
+        for continuation in ready { continuation.resume(returning: true) }
     }
 
     /// Takes a resource, suspending the calling task (not blocking its
@@ -289,23 +293,74 @@ public struct Semaphore: @unchecked Sendable {
     /// with one atomic add, as in `wait()`; otherwise the task waits in line
     /// with the blocking waiters and a `signal()` resumes it. Acquire
     /// ordering, as `wait()`.
-    public func wait() async {
+    ///
+    /// Cancellation: a task that is cancelled while it waits (or was
+    /// cancelled before it had to wait) leaves the line and the call throws
+    /// `CancellationError`, having taken nothing. A task that finds a
+    /// resource available takes it whether cancelled or not, and so does
+    /// one whose cancellation comes after a `signal()` had already counted
+    /// it (the resource was handed over; the call then returns normally).
+    public func wait() async throws(CancellationError) {
         // Acquiring: pairs with the releasing increment in `signal`.
         if AtomicMemory.decrement(count, ordering: .acquiring) >= 0 { return }
-        // Counted as a waiter: a signal will add a token for us.
-        await withUnsafeContinuation { (continuation: UnsafeContinuation<Void, Never>) in
-            let guardWord = PlainFutexMutex(word: word(\.suspendedGuard))
-            guardWord.lock()
-            AtomicMemory.add(1, to: word(\.suspendedCount), ordering: .sequentiallyConsistent)
-            if takeToken() {
-                AtomicMemory.add(UInt32.max, to: word(\.suspendedCount), ordering: .sequentiallyConsistent)
+        // Counted as a waiter: a signal will add a token for us, unless we
+        // withdraw first.
+        if try await !waitSuspended() { throw CancellationError() }
+    }
+
+    /// The task is counted among the waiters: suspends until a token is
+    /// handed to it (true) or it withdrew because it was cancelled (false).
+    private func waitSuspended() async -> Bool {
+        let id = LockedValue<UInt64?>(nil)
+        return await withTaskCancellationHandler {
+            await withUnsafeContinuation { (continuation: UnsafeContinuation<Bool, Never>) in
+                let guardWord = PlainFutexMutex(word: word(\.suspendedGuard))
+                guardWord.lock()
+                AtomicMemory.add(1, to: word(\.suspendedCount), ordering: .sequentiallyConsistent)
+                if takeToken() {
+                    AtomicMemory.add(UInt32.max, to: word(\.suspendedCount), ordering: .sequentiallyConsistent)
+                    guardWord.unlock()
+                    continuation.resume(returning: true)
+                    return
+                }
+                // The cancellation flag is set before the handler runs, and
+                // the handler takes this guard: either it finds the entry
+                // below, or this check sees the flag.
+                if Task.isCancelled && withdraw() {
+                    AtomicMemory.add(UInt32.max, to: word(\.suspendedCount), ordering: .sequentiallyConsistent)
+                    guardWord.unlock()
+                    continuation.resume(returning: false)
+                    return
+                }
+                let mine = storage.nextWaiter
+                storage.nextWaiter &+= 1
+                storage.suspended.append((mine, continuation))
+                id.withLock { $0 = mine }
                 guardWord.unlock()
-                continuation.resume()
-                return
             }
-            storage.suspended.append(continuation)
-            guardWord.unlock()
+        } onCancel: {
+            leaveLine(id)
         }
+    }
+
+    /// A suspended task's cancellation: if it is still in line and no
+    /// signal has counted it yet, it leaves the line and is resumed with
+    /// false. Counted already, it stays: the signal's token reaches it.
+    /// Not in line yet (`id` unset, read under the guard the task sets it
+    /// under), it sees the cancellation itself when it gets there.
+    private func leaveLine(_ id: LockedValue<UInt64?>) {
+        let guardWord = PlainFutexMutex(word: word(\.suspendedGuard))
+        guardWord.lock()
+        guard let id = id.withLock({ $0 }),
+              let index = storage.suspended.firstIndex(where: { $0.id == id }), withdraw()
+        else {
+            guardWord.unlock()
+            return
+        }
+        let continuation = storage.suspended.remove(at: index).continuation
+        AtomicMemory.add(UInt32.max, to: word(\.suspendedCount), ordering: .sequentiallyConsistent)
+        guardWord.unlock()
+        continuation.resume(returning: false)
     }
 }
 

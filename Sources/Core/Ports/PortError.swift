@@ -3,8 +3,9 @@ public enum PortError: Error, Sendable, Hashable, CustomStringConvertible {
     /// The receiver had no room until the send's deadline (a `LocalPort`'s
     /// queue, a `RemotePort`'s socket buffer): the receiving loop is not
     /// taking messages as fast as they come, or not running in one of the
-    /// port's modes. Nothing was queued. For `RemotePort.lookup`: the
-    /// owner's loop did not accept the connection in time.
+    /// port's modes. Nothing was queued. For `RemotePort.lookup` and
+    /// `RemotePort.connect`: the owner did not accept the connection in
+    /// time. `after` is how long the call waited.
     case timedOut(after: Duration)
     /// The port was invalidated (by `invalidate()`, or because the thread
     /// whose loop received it exited) before or while the send waited.
@@ -51,7 +52,7 @@ public enum PortError: Error, Sendable, Hashable, CustomStringConvertible {
     public var description: String {
         switch self {
         case .timedOut(let waited):
-            "the port's queue stayed full for \(waited); the message was not sent"
+            "timed out after \(waited): the port's queue stayed full, or (connecting, looking up) the port did not accept the connection; the message was not sent"
         case .invalidated:
             "the port is invalidated; it takes no more messages"
         case .messageTooLarge(let bytes, let limit):
@@ -59,9 +60,9 @@ public enum PortError: Error, Sendable, Hashable, CustomStringConvertible {
         case .tooManyComponents(let count, let limit):
             "the message has \(count) components, over the limit of \(limit) (PortEnvelope.maximumComponentCount)"
         case .nameTaken(let name):
-            "a port named \"\(name)\" is published already"
+            "a port named \"\(name)\" is published already (for a network port: the address is in use)"
         case .nameNotFound(let name):
-            "no process publishes a port named \"\(name)\""
+            "no process publishes a port named \"\(name)\" (for a network port: nothing listens there, the connection was refused)"
         case .foreignOwner(let name, let uid):
             "the port named \"\(name)\" is published by user \(uid), not the expected owner; nothing was sent"
         case .accessDenied(let name):

@@ -156,11 +156,12 @@ enum PortSocketCalls {
     }
 
     static func tcpConnect(host: String, port: UInt16, before deadline: MonotonicClock.Instant) throws(PortError) -> Int32 {
+        let start = MonotonicClock.now
         let fd = cshims_port_tcp_connect(host, port, remainingNanoseconds(until: deadline))
         if fd >= 0 { return fd }
         switch -fd {
         case ECONNREFUSED: throw .nameNotFound("\(host):\(port)")
-        case ETIMEDOUT: throw .timedOut(after: .zero)
+        case ETIMEDOUT: throw .timedOut(after: start.duration(to: .now))
         case EINVAL: throw .system(SystemCallError(call: "inet_pton(\(host))", code: EINVAL))
         default: throw environment("connect", -fd)
         }
