@@ -62,19 +62,21 @@ public struct Semaphore: @unchecked Sendable {
         @usableFromInline var suspendedCount: UInt32
         /// The plain mutex word guarding `Storage.suspended`.
         @usableFromInline var suspendedGuard: UInt32
+        /// The last number given to a suspending task (atomic), by which
+        /// its cancellation handler finds it in `Storage.suspended`.
+        @usableFromInline var lastWaiter: Int
     }
 
     /// Owns the words (`Words`), in a heap block that never moves.
     @usableFromInline
     final class Storage {
         @usableFromInline let base: UnsafeMutableRawPointer
-        /// Tasks suspended in `await wait()`, oldest first, each with a
-        /// number its cancellation handler finds it by; the continuation is
-        /// resumed with true when the task took a resource, false when it
-        /// left the line because it was cancelled. Guarded by the
-        /// `suspendedGuard` word, as is `nextWaiter`.
-        var suspended: [(id: UInt64, continuation: UnsafeContinuation<Bool, Never>)] = []
-        var nextWaiter: UInt64 = 0
+        /// Tasks suspended in `await wait()`, oldest first, each with the
+        /// number its cancellation handler finds it by (`Words.lastWaiter`);
+        /// the continuation is resumed with true when the task took a
+        /// resource, false when it left the line because it was cancelled.
+        /// Guarded by the `suspendedGuard` word.
+        var suspended: [(id: Int, continuation: UnsafeContinuation<Bool, Never>)] = []
         init(value: Int) {
             base = allocateStableWords(byteCount: MemoryLayout<Words>.size)
             (base + MemoryLayout<Words>.offset(of: \.count)!).storeBytes(of: value, as: Int.self)
@@ -311,7 +313,9 @@ public struct Semaphore: @unchecked Sendable {
     /// The task is counted among the waiters: suspends until a token is
     /// handed to it (true) or it withdrew because it was cancelled (false).
     private func waitSuspended() async -> Bool {
-        let id = LockedValue<UInt64?>(nil)
+        // Numbered before suspending, so that the cancellation handler knows
+        // what to look for without a box shared with the operation.
+        let id = AtomicMemory.add(1, to: word(\.lastWaiter), ordering: .relaxed)
         return await withTaskCancellationHandler {
             await withUnsafeContinuation { (continuation: UnsafeContinuation<Bool, Never>) in
                 let guardWord = PlainFutexMutex(word: word(\.suspendedGuard))
@@ -332,10 +336,7 @@ public struct Semaphore: @unchecked Sendable {
                     continuation.resume(returning: false)
                     return
                 }
-                let mine = storage.nextWaiter
-                storage.nextWaiter &+= 1
-                storage.suspended.append((mine, continuation))
-                id.withLock { $0 = mine }
+                storage.suspended.append((id, continuation))
                 guardWord.unlock()
             }
         } onCancel: {
@@ -345,15 +346,13 @@ public struct Semaphore: @unchecked Sendable {
 
     /// A suspended task's cancellation: if it is still in line and no
     /// signal has counted it yet, it leaves the line and is resumed with
-    /// false. Counted already, it stays: the signal's token reaches it.
-    /// Not in line yet (`id` unset, read under the guard the task sets it
-    /// under), it sees the cancellation itself when it gets there.
-    private func leaveLine(_ id: LockedValue<UInt64?>) {
+    /// false. Counted already, it stays: the signal's token reaches it. Not
+    /// in line yet (the task has not taken the guard), it sees the
+    /// cancellation itself when it gets there.
+    private func leaveLine(_ id: Int) {
         let guardWord = PlainFutexMutex(word: word(\.suspendedGuard))
         guardWord.lock()
-        guard let id = id.withLock({ $0 }),
-              let index = storage.suspended.firstIndex(where: { $0.id == id }), withdraw()
-        else {
+        guard let index = storage.suspended.firstIndex(where: { $0.id == id }), withdraw() else {
             guardWord.unlock()
             return
         }
