@@ -307,7 +307,7 @@ public struct Semaphore: @unchecked Sendable {
         if AtomicMemory.decrement(count, ordering: .acquiring) >= 0 { return }
         // Counted as a waiter: a signal will add a token for us, unless we
         // withdraw first.
-        if try await !waitSuspended() { throw CancellationError() }
+        if await !waitSuspended() { throw CancellationError() }
     }
 
     /// The task is counted among the waiters: suspends until a token is
