@@ -89,9 +89,7 @@ public final class NetworkPort: @unchecked Sendable {
         var valid = true
         var listener: (fd: Int32, source: LoopSource)?
         var connections: [Int32: Connection] = [:]
-        var claimedLoop: ObjectIdentifier?
-        weak var loop: ThreadLoop?
-        var modes: [LoopMode: Int] = [:]
+        var membership = PortLoopMembership()
         var invalidationHandlers: [@Sendable (NetworkPort) -> Void] = []
         var malformed = 0
     }
@@ -142,13 +140,7 @@ public final class NetworkPort: @unchecked Sendable {
     public func schedule(in loop: ThreadLoop, forMode mode: LoopMode = .default) {
         let sources: [LoopSource]? = lock.withLock {
             guard state.valid else { return nil }
-            if state.claimedLoop == nil {
-                state.claimedLoop = ObjectIdentifier(loop)
-                state.loop = loop
-            }
-            guard state.claimedLoop == ObjectIdentifier(loop) else { return [] }
-            state.modes[mode, default: 0] += 1
-            return allSources()
+            return state.membership.join(loop, forMode: mode) ? allSources() : []
         }
         guard let sources else { return }
         require(!sources.isEmpty, "NetworkPort.schedule(in:forMode:): the port is already received by another loop; a port is received by one loop")
@@ -159,9 +151,7 @@ public final class NetworkPort: @unchecked Sendable {
     /// Removes the port from `mode` of `loop`. Any thread.
     public func remove(from loop: ThreadLoop, forMode mode: LoopMode = .default) {
         let sources: [LoopSource] = lock.withLock {
-            guard state.claimedLoop == ObjectIdentifier(loop), let n = state.modes[mode] else { return [] }
-            state.modes[mode] = n > 1 ? n - 1 : nil
-            return n > 1 ? [] : allSources()
+            state.membership.leave(loop, forMode: mode) ? allSources() : []
         }
         for s in sources { loop.remove(s, forMode: mode) }
     }
@@ -184,7 +174,7 @@ public final class NetworkPort: @unchecked Sendable {
             let placement: (ThreadLoop?, [LoopMode])? = lock.withLock {
                 guard state.valid else { return nil }
                 state.connections[fd] = Connection(source: source, frames: PortWire.FrameReader(wireFormat))
-                return (state.loop, Array(state.modes.keys))
+                return (state.membership.loop, state.membership.currentModes)
             }
             guard let (loop, modes) = placement else {
                 PortSocketCalls.close(fd)
