@@ -176,6 +176,34 @@ struct WorkQueueTests {
         #expect(notified.wait())
     }
 
+    @Test func aGroupWithMembersOutlivesItsLastReferenceAndIsFreedWhenEmpty() {
+        // Members submitted with `async(group:)` hold the group unretained;
+        // the group keeps itself alive while it has members.
+        let gate = Spindle.Semaphore(value: 0)
+        let notified = Latch()
+        weak var watched: WorkGroup?
+        do {
+            let group = WorkGroup()
+            watched = group
+            for _ in 0..<4 { WorkQueue.global().async(group: group) { gate.wait() } }
+            group.notify(on: .global()) { notified.countDown() }
+        }
+        #expect(watched != nil, "a group with members was freed while they ran")
+        for _ in 0..<4 { gate.signal() }
+        #expect(notified.wait())
+        // The leave that empties the group releases it just after the
+        // notification is submitted.
+        let deadline = MonotonicClock.now.advanced(by: .seconds(30))
+        while watched != nil && MonotonicClock.now < deadline { NativeThread.sleep(for: .milliseconds(1)) }
+        #expect(watched == nil, "an emptied group was never freed")
+        // A group entered again after emptying works as before.
+        let again = WorkGroup()
+        for round in 0..<3 {
+            WorkQueue.global().async(group: again) {}
+            #expect(again.wait(timeout: .seconds(30)) == .completed, "round \(round)")
+        }
+    }
+
     @Test func workItemsCancelWaitAndNotify() {
         let queue = WorkQueue(label: "test.items")
         queue.suspend()

@@ -74,7 +74,7 @@ public struct Condition: Locking, @unchecked Sendable {
         }
         deinit {
             LockNames.forget(base)
-            base.deallocate()
+            deallocateStableWords(base)
         }
     }
 

@@ -78,7 +78,7 @@ public struct ConditionLock: Locking, @unchecked Sendable {
         }
         deinit {
             LockNames.forget(base)
-            base.deallocate()
+            deallocateStableWords(base)
         }
     }
 

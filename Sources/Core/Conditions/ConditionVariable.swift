@@ -60,7 +60,7 @@ public struct ConditionVariable: @unchecked Sendable {
             if let pointer = UnsafeRawPointer(bitPattern: paired) {
                 Unmanaged<Lock.Storage>.fromOpaque(pointer).release()
             }
-            base.deallocate()
+            deallocateStableWords(base)
         }
     }
 

@@ -84,7 +84,7 @@ public struct Semaphore: @unchecked Sendable {
         }
         deinit {
             LockNames.forget(base)
-            base.deallocate()
+            deallocateStableWords(base)
         }
     }
 

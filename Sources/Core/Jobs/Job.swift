@@ -106,7 +106,7 @@ open class Job: @unchecked Sendable, CustomStringConvertible {
         nameStorage = name
     }
 
-    deinit { UnsafeMutableRawPointer(words).deallocate() }
+    deinit { deallocateStableWords(UnsafeMutableRawPointer(words)) }
 
     // MARK: What subclasses override
 

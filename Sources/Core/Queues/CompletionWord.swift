@@ -27,11 +27,22 @@ struct CompletionWaiters {
     }
 }
 
-/// Closures to submit to queues once something is done, behind a short lock.
+/// Closures to submit to queues once something is done, behind a short lock
+/// whose word lives in the owner's block of stable words (beside its
+/// completion word), and with the first closure kept inline: a group or
+/// item that gets one notification allocates nothing here beyond this
+/// object (a skynet tree makes 111,111 groups, each notified once).
 final class PendingNotifications: @unchecked Sendable {
-    // @unchecked: `entries` is guarded by `lock`.
-    private let lock = GuardLock()
-    private var entries: [(WorkQueue, @Sendable () -> Void)] = []
+    // @unchecked: `first` and `more` are guarded by `lock`.
+    private let lock: PlainFutexMutex
+    private var first: (WorkQueue, @Sendable () -> Void)?
+    private var more: [(WorkQueue, @Sendable () -> Void)] = []
+
+    /// `lockWord`: a zeroed word in the owner's stable words, which outlive
+    /// this object.
+    init(lockWord: UnsafeMutablePointer<UInt32>) {
+        lock = PlainFutexMutex(word: lockWord)
+    }
 
     /// Submits `body` to `queue` now if `isDone()` (checked under the lock),
     /// else keeps it for `fire()`.
@@ -42,17 +53,20 @@ final class PendingNotifications: @unchecked Sendable {
             queue.async(body)
             return
         }
-        entries.append((queue, body))
+        if first == nil { first = (queue, body) } else { more.append((queue, body)) }
         lock.unlock()
     }
 
-    /// Submits every closure kept so far. Call after making `isDone()` true:
-    /// a closure added meanwhile either sees it done or is taken here.
+    /// Submits every closure kept so far, in the order added. Call after
+    /// making `isDone()` true: a closure added meanwhile either sees it done
+    /// or is taken here.
     func fire() {
         lock.lock()
-        let due = entries
-        entries = []
+        let head = first.take()
+        let rest = more.isEmpty ? [] : more
+        if !rest.isEmpty { more = [] }
         lock.unlock()
-        for (queue, body) in due { queue.async(body) }
+        if let (queue, body) = head { queue.async(body) }
+        for (queue, body) in rest { queue.async(body) }
     }
 }

@@ -8,7 +8,18 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     // and `stealBuffer` are touched only by the worker's own thread; the park
     // word is atomic.
 
-    unowned(unsafe) let pool: WorkerPool
+    /// The worker's pool, unretained (the pools live for the whole
+    /// process). The per-unit paths reach it through `withPool`, which costs
+    /// no reference counting: every worker shares the pool object, and an
+    /// `unowned(unsafe)` field is still retained and released around each
+    /// use, moving the count's cache line between workers on every unit.
+    let poolRef: Unmanaged<WorkerPool>
+    /// `poolRef`, retained at each use; for the paths that are not per unit.
+    var pool: WorkerPool { poolRef.takeUnretainedValue() }
+
+    /// Runs `body` with the pool at +0 (no retain, no release).
+    @inline(__always)
+    func withPool<R>(_ body: (WorkerPool) -> R) -> R { poolRef._withUnsafeGuaranteedRef(body) }
     let local = WorkRing(capacity: 256, publishesCount: true)
     /// `local`'s published count, for reads without touching the ring object.
     let localCount: UnsafeMutablePointer<Int>
@@ -38,7 +49,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     private var stealSeed: UInt64
 
     init(pool: WorkerPool) {
-        self.pool = pool
+        poolRef = Unmanaged.passUnretained(pool)
         localCount = local.publishedCount
         parkWord = allocateStableWords(byteCount: 4).assumingMemoryBound(to: UInt32.self)
         stealBuffer = .allocate(capacity: Self.stealLimit)
@@ -54,7 +65,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     }
 
     deinit {
-        UnsafeMutableRawPointer(parkWord).deallocate()
+        deallocateStableWords(UnsafeMutableRawPointer(parkWord))
         stealBuffer.deallocate()
     }
 
@@ -65,6 +76,17 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         guard let raw = cshims_blocking_observer() else { return nil }
         // Only pool workers install observers.
         return unsafeDowncast(Unmanaged<BlockingObserver>.fromOpaque(raw).takeUnretainedValue(), to: PoolWorker.self)
+    }
+
+    /// The calling thread's worker, if it is one of `pool`'s, unretained:
+    /// for the per-unit path of a submit (`current` retains and releases).
+    @inline(__always)
+    static func current(in pool: WorkerPool) -> Unmanaged<PoolWorker>? {
+        guard let raw = cshims_blocking_observer() else { return nil }
+        // Only pool workers install observers.
+        let worker = Unmanaged<PoolWorker>.fromOpaque(raw)
+        let itsPool = worker._withUnsafeGuaranteedRef { $0.poolRef.toOpaque() }
+        return itsPool == Unmanaged.passUnretained(pool).toOpaque() ? worker : nil
     }
 
     func start() {
@@ -104,13 +126,15 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
             Unmanaged.passUnretained(pool.globalQueue(lane: 0)),
             Unmanaged.passUnretained(pool.globalQueue(lane: 1)),
         ]
+        let active = pool.active
+        let width = pool.width
         while true {
             if let (unit, lane) = findWork() {
                 if isSearching { stopSearching() }
                 QueueFrame.with(unretained: laneQueues[lane]) { unit.run() }
                 // Over width: a worker came back from a blocking wait while
                 // its replacement ran. Give the permit back.
-                if AtomicMemory.load(from: pool.active, ordering: .relaxed) > pool.width {
+                if AtomicMemory.load(from: active, ordering: .relaxed) > width {
                     if !park() { return }
                 }
                 continue
@@ -144,7 +168,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
             // nothing else queued there is nobody to be fair to, and a
             // flush would only wake a worker to steal the chain.
             if slotRuns >= Self.slotLimit
-                && (AtomicMemory.load(from: localCount, ordering: .relaxed) > 0 || pool.injectorHasWork)
+                && (AtomicMemory.load(from: localCount, ordering: .relaxed) > 0 || withPool { $0.injectorHasWork })
             {
                 flushSlot()
             } else {
@@ -154,17 +178,22 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
             }
         }
         slotRuns = 0
-        if tick % 61 == 0, let unit = pool.takeFromInjector(lane: defaultLane, for: self) { return (unit, defaultLane) }
-        if let unit = pool.takeFromInjector(lane: WorkerPool.highLane, for: self) { return (unit, WorkerPool.highLane) }
+        if tick % 61 == 0, let unit = takeFromInjector(lane: defaultLane) { return (unit, defaultLane) }
+        if let unit = takeFromInjector(lane: WorkerPool.highLane) { return (unit, WorkerPool.highLane) }
         if AtomicMemory.load(from: localCount, ordering: .sequentiallyConsistent) > 0 {
             localLock.lock()
             let unit = local.popFront()
             localLock.unlock()
             if let unit { return (unit, defaultLane) }
         }
-        if let unit = pool.takeFromInjector(lane: defaultLane, for: self) { return (unit, defaultLane) }
+        if let unit = takeFromInjector(lane: defaultLane) { return (unit, defaultLane) }
         if let unit = steal() { return (unit, defaultLane) }
         return nil
+    }
+
+    @inline(__always)
+    private func takeFromInjector(lane: Int) -> WorkUnit? {
+        withPool { $0.takeFromInjector(lane: lane, for: self) }
     }
 
     /// Takes half of another worker's ring (at most `stealLimit` units):

@@ -14,6 +14,10 @@
 /// message (Dispatch on Linux dies of SIGILL without one), and so does a
 /// count beyond 2^31 - 1.
 ///
+/// A group with members keeps itself alive until the last one leaves (its
+/// first `enter` retains it, the `leave` that empties it releases it), so
+/// dropping every reference to a group with members leaves it to finish.
+///
 /// The count and a "someone sleeps" bit share one futex word: `leave` makes
 /// a system call only when it empties the group while someone waits.
 public final class WorkGroup: @unchecked Sendable {
@@ -22,25 +26,32 @@ public final class WorkGroup: @unchecked Sendable {
     private static let waitersBit: UInt32 = 1 << 31
     static let countMask: UInt32 = ~waitersBit
 
+    /// The count word, then the notifications' lock word, in one line.
     private let word: UnsafeMutablePointer<UInt32>
     /// The count word, for the async wait.
     var countWord: UnsafeMutablePointer<UInt32> { word }
-    private let notifications = PendingNotifications()
+    private let notifications: PendingNotifications
 
     /// An empty group.
     public init() {
-        word = allocateStableWords(byteCount: 4).assumingMemoryBound(to: UInt32.self)
+        word = allocateStableWords(byteCount: 8).assumingMemoryBound(to: UInt32.self)
+        notifications = PendingNotifications(lockWord: word + 1)
     }
 
-    deinit { UnsafeMutableRawPointer(word).deallocate() }
+    deinit { deallocateStableWords(UnsafeMutableRawPointer(word)) }
 
     /// Members that have entered and not left (stale at once).
     public var count: Int { Int(AtomicMemory.load(from: word, ordering: .relaxed) & Self.countMask) }
 
     /// Adds one unfinished member. Never blocks.
     public func enter() {
-        let now = AtomicMemory.add(1, to: word, ordering: .relaxed)
-        if now & Self.countMask == 0 {
+        let now = AtomicMemory.add(1, to: word, ordering: .relaxed) & Self.countMask
+        // The first member keeps the group alive for the members that hold
+        // it unretained (`WorkUnit.grouped`); the leave that empties the
+        // group releases it. A leave emptying it meanwhile released an
+        // earlier retain, never this one: the caller's reference covers both.
+        if now == 1 { _ = Unmanaged.passUnretained(self).retain() }
+        if now == 0 {
             misuse("WorkGroup.enter(): more than \(Self.countMask) members at once")
         }
     }
@@ -61,6 +72,9 @@ public final class WorkGroup: @unchecked Sendable {
             Futex(word).wakeAll()
         }
         notifications.fire()
+        // The first member's retain (see `enter`); may free the group, so
+        // nothing touches `self` after it.
+        Unmanaged.passUnretained(self).release()
     }
 
     /// Blocks until the group is empty. A blocking region on a pool worker.

@@ -26,18 +26,20 @@ public final class WorkItem: @unchecked Sendable {
     private let body: @Sendable () -> Void
     /// Whether the item runs as a barrier on a concurrent queue.
     public let isBarrier: Bool
+    /// The state word, then the notifications' lock word, in one line.
     private let state: UnsafeMutablePointer<UInt32>
-    private let notifications = PendingNotifications()
+    private let notifications: PendingNotifications
 
     /// A work item running `body`; with `barrier`, it runs alone on a
     /// concurrent queue (see `WorkQueue.asyncBarrier`).
     public init(barrier: Bool = false, _ body: @escaping @Sendable () -> Void) {
         self.body = body
         isBarrier = barrier
-        state = allocateStableWords(byteCount: 4).assumingMemoryBound(to: UInt32.self)
+        state = allocateStableWords(byteCount: 8).assumingMemoryBound(to: UInt32.self)
+        notifications = PendingNotifications(lockWord: state + 1)
     }
 
-    deinit { UnsafeMutableRawPointer(state).deallocate() }
+    deinit { deallocateStableWords(UnsafeMutableRawPointer(state)) }
 
     /// Whether `cancel()` was called.
     public var isCancelled: Bool { AtomicMemory.load(from: state, ordering: .relaxed) & State.cancelled != 0 }

@@ -89,7 +89,7 @@ private final class ApplyChunks: @unchecked Sendable {
         words = allocateStableWords(byteCount: 128)
     }
 
-    deinit { words.deallocate() }
+    deinit { deallocateStableWords(words) }
 
     private var next: UnsafeMutablePointer<Int> { words.assumingMemoryBound(to: Int.self) }
     private var finished: UnsafeMutablePointer<UInt32> { (words + 64).assumingMemoryBound(to: UInt32.self) }

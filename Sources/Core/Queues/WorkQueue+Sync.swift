@@ -157,7 +157,7 @@ private final class SyncCall: @unchecked Sendable {
         done = allocateStableWords(byteCount: 4).assumingMemoryBound(to: UInt32.self)
     }
 
-    deinit { UnsafeMutableRawPointer(done).deallocate() }
+    deinit { deallocateStableWords(UnsafeMutableRawPointer(done)) }
 
     /// On the worker. Lets go of the caller's closure before waking it: the
     /// closure is the caller's non-escaping one, and must be gone when the

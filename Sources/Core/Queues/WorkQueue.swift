@@ -87,9 +87,14 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     /// Serial or concurrent.
     public let kind: Kind
     /// The pool a global queue's items go to straight away; nil otherwise.
-    /// Unowned: the pools are process-wide and never released, so a submit
-    /// costs no reference counting on an object every submitter shares.
-    unowned(unsafe) let globalPool: WorkerPool?
+    /// Unretained: the pools are process-wide and never released. A submit
+    /// reaches it through `_withUnsafeGuaranteedRef`, which costs no
+    /// reference counting on an object every submitter on every worker
+    /// shares (an `unowned(unsafe)` field is still retained and released
+    /// around each use: measured in the chain's profile).
+    let globalPoolRef: Unmanaged<WorkerPool>?
+    /// `globalPoolRef`, retained; for paths that are not per item.
+    var globalPool: WorkerPool? { globalPoolRef?.takeUnretainedValue() }
     /// A global queue's priority (and so its injector lane).
     let globalPriority: Priority?
     /// Whether this is the main queue.
@@ -137,7 +142,7 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     public init(label: String, kind: Kind = .serial, target: WorkQueue) {
         self.label = label
         self.kind = kind
-        globalPool = nil
+        globalPoolRef = nil
         globalPriority = nil
         isMain = false
         // A concurrent queue does not bound its own concurrency below the
@@ -151,7 +156,7 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     private init(global priority: Priority) {
         label = "spindle.global.\(priority)"
         kind = .concurrent
-        globalPool = priority.pool
+        globalPoolRef = Unmanaged.passUnretained(priority.pool)
         globalPriority = priority
         isMain = false
         width = priority.pool.maximumThreads
@@ -160,14 +165,14 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     private init(mainQueue: Void) {
         label = "spindle.main"
         kind = .serial
-        globalPool = nil
+        globalPoolRef = nil
         globalPriority = nil
         isMain = true
         width = 1
     }
 
     deinit {
-        defer { UnsafeMutableRawPointer(suspendedFlag).deallocate() }
+        defer { deallocateStableWords(UnsafeMutableRawPointer(suspendedFlag)) }
         // Only a suspended queue can go with items left (a scheduled drain
         // holds its queue): they never run, and their groups are left.
         for unit in entries.removeAll() { unit.discard() }
@@ -279,7 +284,7 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     }
 
     /// Whether this queue runs its items itself (not straight on the pool).
-    var isGlobal: Bool { globalPool != nil }
+    var isGlobal: Bool { globalPoolRef != nil }
 
     // MARK: Submitting
 
@@ -287,15 +292,15 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     /// internal lock). The closure runs once, on a pool worker (the main
     /// thread for the main queue), after the queue's earlier items started
     /// (serial: finished). Items handle their own errors.
-    public func async(_ body: @escaping @Sendable () -> Void) {
-        submit(.closure(body))
+    public func async(_ body: consuming @escaping @Sendable () -> Void) {
+        submit(.closure(consume body))
     }
 
     /// Submits `body` as a member of `group`: the group is entered now and
     /// left when `body` has returned. Never blocks.
-    public func async(group: WorkGroup, _ body: @escaping @Sendable () -> Void) {
+    public func async(group: WorkGroup, _ body: consuming @escaping @Sendable () -> Void) {
         group.enter()
-        submit(.grouped(body, group))
+        submit(.grouped(consume body, .passUnretained(group)))
     }
 
     /// Submits a work item. Never blocks. A work item runs once: submitting
@@ -335,8 +340,10 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     /// the submitting worker's private next-unit slot), because the
     /// submitter goes on working and the unit is meant to run beside it.
     func submit(_ unit: consuming WorkUnit, shared: Bool = false) {
-        if let globalPool {
-            globalPool.submit(unit, lane: globalPriority!.lane, shared: shared)
+        if let pool = globalPoolRef {
+            var unit: WorkUnit? = consume unit
+            let lane = globalPriority.unsafelyUnwrapped.lane
+            pool._withUnsafeGuaranteedRef { $0.submit(unit.take().unsafelyUnwrapped, lane: lane, shared: shared) }
         } else {
             enqueue(unit)
         }

@@ -12,8 +12,11 @@
 enum WorkUnit {
     /// A closure submitted with `async`.
     case closure(@Sendable () -> Void)
-    /// A closure submitted with `async(group:)`: the group is left after it ran.
-    case grouped(@Sendable () -> Void, WorkGroup)
+    /// A closure submitted with `async(group:)`: the group is left after it
+    /// ran. Unretained: a group with members keeps itself alive (see
+    /// `WorkGroup.enter`), so a fan-out costs no reference counting on the
+    /// group object that every worker shares.
+    case grouped(@Sendable () -> Void, Unmanaged<WorkGroup>)
     /// A barrier closure (private concurrent queues): runs alone.
     case barrier(@Sendable () -> Void, WorkGroup?)
     /// A `WorkItem` (which knows its own flags and group).
@@ -45,7 +48,7 @@ enum WorkUnit {
             body()
         case .grouped(let body, let group):
             body()
-            group.leave()
+            group._withUnsafeGuaranteedRef { $0.leave() }
         case .barrier(let body, let group):
             body()
             group?.leave()
@@ -68,7 +71,7 @@ enum WorkUnit {
         // A job's unit holds its queue, so a queue with jobs in its ring is
         // never released: a suspended queue keeps its jobs until resumed.
         case .closure, .drain, .job, .globalJob: break
-        case .grouped(_, let group): group.leave()
+        case .grouped(_, let group): group._withUnsafeGuaranteedRef { $0.leave() }
         case .barrier(_, let group): group?.leave()
         case .item(let item): item.discardUnrun()
         }

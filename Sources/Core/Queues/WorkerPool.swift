@@ -158,11 +158,17 @@ final class WorkerPool: @unchecked Sendable {
     /// long (a short lock). Orders: everything before the call happens
     /// before the unit runs (the ring's lock).
     func submit(_ unit: consuming WorkUnit, lane: Int, shared: Bool = false) {
-        if lane == Self.defaultLane, let worker = PoolWorker.current, worker.pool === self {
-            if !worker.pushLocal(unit, mayUseSlot: !shared) { return }
+        var unit: WorkUnit? = consume unit
+        if lane == Self.defaultLane, let worker = PoolWorker.current(in: self) {
+            let announce = worker._withUnsafeGuaranteedRef { $0.pushLocal(unit.take().unsafelyUnwrapped, mayUseSlot: !shared) }
+            if !announce { return }
         } else {
             lock.lock()
-            if lane == Self.highLane { highInjector.pushBack(unit) } else { defaultInjector.pushBack(unit) }
+            if lane == Self.highLane {
+                highInjector.pushBack(unit.take().unsafelyUnwrapped)
+            } else {
+                defaultInjector.pushBack(unit.take().unsafelyUnwrapped)
+            }
             lock.unlock()
         }
         notifyIfNeeded()
