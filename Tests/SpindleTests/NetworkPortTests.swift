@@ -152,6 +152,168 @@ struct NetworkPortTests {
     }
 }
 
+// MARK: - Stalled frames
+
+/// The bytes of a one-way Spindle frame with message id `id` and no
+/// components: the length, then the 24-byte header (`PortWire`'s layout).
+private func oneWayFrame(id: UInt32) -> [UInt8] {
+    littleEndian(24) + littleEndian(0x504E_5053) + [0, 0, 0, 0] + littleEndian(id) + littleEndian(0) + [UInt8](repeating: 0, count: 8)
+}
+
+/// Waits, up to `deadline`, for the other end to close `fd` (a raw,
+/// non-blocking connection), running `meanwhile` between short waits.
+/// True once a read finds the end of the stream or a reset.
+private func closedByPeer(_ fd: Int32, before deadline: MonotonicClock.Instant, meanwhile: () throws -> Void) rethrows -> Bool {
+    while MonotonicClock.now < deadline {
+        try meanwhile()
+        guard cshims_port_poll(fd, 1, 50_000_000) == 1 else { continue }
+        var byte: UInt8 = 0
+        let n = read(fd, &byte, 1)
+        if n == 0 || (n < 0 && errno == ECONNRESET) { return true }
+    }
+    return false
+}
+
+@Suite("NetworkPort stalled frames")
+struct NetworkPortStallTests {
+    /// A sender that announces a 16 MiB frame, sends ten bytes of it and
+    /// falls silent is closed once `stallLimit` has passed (not before) and
+    /// counted in `stalledFrames`, not `malformedFrames`; a well-behaved
+    /// sender exchanges requests before, during and after.
+    @Test(arguments: availableBackends)
+    func aStalledPartialFrameClosesOnlyItsConnection(kind: EventBackendKind) throws {
+        let limit = Duration.milliseconds(200)
+        let listener = try Listener(NetworkPort(stallLimit: limit) { m in PortEnvelope(id: m.id + 1) }, backend: kind)
+        #expect(listener.port.stallLimit == limit)
+        let good = try RemotePort.connect(host: "127.0.0.1", port: listener.port.port)
+        var nextID: UInt32 = 0
+        func exchange() throws {
+            nextID += 2
+            let reply = try good.sendRequest(PortEnvelope(id: nextID), timeout: .seconds(5), replyTimeout: .seconds(10))
+            #expect(reply.id == nextID + 1)
+        }
+        try exchange()
+
+        let stalled = rawConnection(listener.port.port)
+        #expect(stalled >= 0)
+        let sent = MonotonicClock.now
+        #expect(writeAll(stalled, littleEndian(16 << 20) + [UInt8](repeating: 7, count: 10)))
+        let closed = try closedByPeer(stalled, before: sent + .seconds(10), meanwhile: exchange)
+        #expect(closed)
+        #expect(MonotonicClock.now - sent >= limit)
+        close(stalled)
+        #expect(eventually { listener.port.stalledFrames == 1 && listener.port.connectionCount == 1 })
+        #expect(listener.port.malformedFrames == 0)
+
+        try exchange()
+        good.invalidate()
+        try listener.finish()
+    }
+
+    /// Connections that hold no partial frame are never closed for it,
+    /// however long they stay silent: one that sent whole frames, one that
+    /// sent nothing. Both still work after several limits.
+    @Test(arguments: availableBackends)
+    func aConnectionIdleBetweenFramesIsKept(kind: EventBackendKind) throws {
+        let got = LockedValue<[UInt32]>([])
+        let listener = try Listener(
+            NetworkPort(stallLimit: .milliseconds(100)) { m in got.withLock { $0.append(m.id) }; return nil }, backend: kind)
+        let remote = try RemotePort.connect(host: "127.0.0.1", port: listener.port.port)
+        _ = try remote.sendRequest(PortEnvelope(id: 1), timeout: .seconds(5), replyTimeout: .seconds(10))
+        let silent = rawConnection(listener.port.port)
+        #expect(silent >= 0)
+        #expect(eventually { listener.port.connectionCount == 2 })
+
+        usleep(800_000)  // eight limits
+        #expect(listener.port.connectionCount == 2)
+        #expect(listener.port.stalledFrames == 0)
+        _ = try remote.sendRequest(PortEnvelope(id: 2), timeout: .seconds(5), replyTimeout: .seconds(10))
+        #expect(writeAll(silent, oneWayFrame(id: 3)))
+        #expect(eventually { got.withLock { $0 } == [1, 2, 3] })
+        #expect(listener.port.stalledFrames == 0)
+        close(silent)
+        remote.invalidate()
+        try listener.finish()
+    }
+
+    /// A sender whose frame trickles in, four bytes at a time, with gaps
+    /// well inside the limit, is not closed, though the whole frame takes
+    /// longer than the limit: the limit is on silence. The gaps are a
+    /// quarter of the limit so that a late wake-up of this thread on a
+    /// loaded machine does not make a real stall.
+    @Test(arguments: availableBackends)
+    func aSlowSenderThatKeepsSendingIsKept(kind: EventBackendKind) throws {
+        let limit = Duration.milliseconds(800)
+        let got = LockedValue<[UInt32]>([])
+        let listener = try Listener(
+            NetworkPort(stallLimit: limit) { m in got.withLock { $0.append(m.id) }; return nil }, backend: kind)
+        let slow = rawConnection(listener.port.port)
+        #expect(slow >= 0)
+        let frame = oneWayFrame(id: 9)
+        let started = MonotonicClock.now
+        for piece in stride(from: 0, to: frame.count, by: 4) {
+            if piece > 0 { usleep(200_000) }
+            #expect(writeAll(slow, Array(frame[piece..<min(piece + 4, frame.count)])))
+        }
+        #expect(MonotonicClock.now - started > limit)
+        #expect(eventually { got.withLock { $0 } == [9] })
+        #expect(listener.port.stalledFrames == 0)
+        #expect(listener.port.connectionCount == 1)
+        close(slow)
+        try listener.finish()
+    }
+
+    /// Bytes that reach the kernel while the port's handler keeps the loop
+    /// busy past the limit are not silence: the sender whose frame they
+    /// complete is kept, though the port read nothing from it for longer
+    /// than the limit.
+    @Test(arguments: availableBackends)
+    func bytesThatCameWhileTheLoopWasBusyAreNotAStall(kind: EventBackendKind) throws {
+        let got = LockedValue<[UInt32]>([])
+        let listener = try Listener(
+            NetworkPort(stallLimit: .milliseconds(200)) { m in
+                if m.id == 1 { usleep(1_500_000) }  // busy for over seven limits
+                got.withLock { $0.append(m.id) }
+                return nil
+            }, backend: kind)
+        let partial = rawConnection(listener.port.port)
+        let frame = oneWayFrame(id: 9)
+        #expect(writeAll(partial, Array(frame[..<10])))
+        usleep(50_000)
+        let busy = try RemotePort.connect(host: "127.0.0.1", port: listener.port.port)
+        try busy.send(PortEnvelope(id: 1), timeout: .seconds(5))
+        usleep(300_000)
+        #expect(writeAll(partial, Array(frame[10...])))
+        #expect(eventually { got.withLock { $0 } == [1, 9] })
+        #expect(listener.port.stalledFrames == 0)
+        close(partial)
+        busy.invalidate()
+        try listener.finish()
+    }
+
+    /// Without a limit, a stalled partial frame is kept.
+    @Test func noLimitKeepsAStalledFrame() throws {
+        let listener = try Listener(NetworkPort(stallLimit: nil) { _ in nil })
+        #expect(listener.port.stallLimit == nil)
+        let stalled = rawConnection(listener.port.port)
+        #expect(writeAll(stalled, littleEndian(100) + [1, 2, 3]))
+        #expect(eventually { listener.port.connectionCount == 1 })
+        let closed = closedByPeer(stalled, before: .now + .milliseconds(500), meanwhile: {})
+        #expect(!closed)
+        #expect(listener.port.connectionCount == 1)
+        close(stalled)
+        try listener.finish()
+    }
+
+    @Test func aLimitOfZeroIsMisuse() async {
+        let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+            _ = try? NetworkPort(stallLimit: .zero) { _ in nil }
+        }
+        let stderr = String(decoding: result?.standardErrorContent ?? [], as: UTF8.self)
+        #expect(stderr.contains("NetworkPort.init: `stallLimit` is 0"))
+    }
+}
+
 // MARK: - Two hosts on one machine
 
 /// Whether this process may make network namespaces (root, and a sandbox

@@ -47,7 +47,10 @@
 /// the requester's buffer (a requester that stopped reading loses its
 /// connection). A malformed or truncated message is an error on its
 /// connection only: that connection is closed, counted in
-/// `malformedMessages`, and the others go on.
+/// `malformedMessages`, and the others go on. A message is one sequenced
+/// packet, which the kernel hands over whole or not at all, so no
+/// connection ever holds part of one: unlike a `NetworkPort`, the port has
+/// no stalled frames to time out.
 ///
 /// ## Invalidation and lifetime
 ///

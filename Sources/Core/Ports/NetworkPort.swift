@@ -26,6 +26,20 @@
 /// closed and counted in `malformedFrames`, and the port and its other
 /// connections go on.
 ///
+/// ## Stalled frames
+///
+/// A sender that starts a frame and then stops sending would hold its
+/// connection, and the part of the frame buffered so far, for good. So a
+/// connection that holds part of a frame and has sent no byte for longer
+/// than `stallLimit` (30 seconds unless given at creation) is closed, its
+/// buffer freed, and counted in `stalledFrames`; the port and its other
+/// connections go on. One timer of the port's loop, in the port's modes,
+/// checks the connections that hold part of a frame, when the earliest of
+/// them could pass the limit; with none, it never fires. A connection idle
+/// between frames is never closed, however long, and a slow sender whose
+/// bytes keep coming is not either: the limit is on silence, not on the
+/// frame's total time. A `nil` limit turns the check off.
+///
 /// ## Foundation's `SocketPort`
 ///
 /// Made with `wireFormat: .foundationSocketPort`, the port speaks the
@@ -63,7 +77,9 @@
 public final class NetworkPort: @unchecked Sendable {
     // @unchecked: `state` is guarded by `lock`; `chunk` is used only on the
     // receiving loop's thread inside a descriptor handler, and frames are
-    // copied out of it before the handler runs; the rest is immutable.
+    // copied out of it before the handler runs; `stallSweep`'s fire date is
+    // set only on the receiving loop's thread (in a descriptor handler or
+    // the timer's own); the rest is immutable.
 
     /// The address it listens on.
     public let host: String
@@ -72,6 +88,10 @@ public final class NetworkPort: @unchecked Sendable {
     /// The frames its connections carry: Spindle's own, or Foundation's
     /// `SocketPort`'s.
     public let wireFormat: PortWireFormat
+    /// How long a connection may hold part of a frame without sending a
+    /// byte before the port closes it; nil: as long as it likes. The
+    /// type's documentation says how it is checked.
+    public let stallLimit: Duration?
     let handler: @Sendable (PortEnvelope) -> PortEnvelope?
 
     private let lock = Lock()
@@ -79,10 +99,16 @@ public final class NetworkPort: @unchecked Sendable {
     /// Where the loop's thread reads into: 64 KiB per read.
     private let chunk = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 << 10, alignment: 8)
     private let sentinel: LoopSource
+    /// Closes stalled connections (`dropStalled`); due when the earliest
+    /// partial frame could pass `stallLimit`, in the far future while none
+    /// is buffered. Nil without a limit.
+    private let stallSweep: LoopTimer?
 
     private struct Connection {
         let source: LoopSource
         var frames: PortWire.FrameReader
+        /// When the connection's last bytes arrived.
+        var lastBytes = MonotonicClock.now
     }
 
     private struct State {
@@ -92,30 +118,45 @@ public final class NetworkPort: @unchecked Sendable {
         var membership = PortLoopMembership()
         var invalidationHandlers: [@Sendable (NetworkPort) -> Void] = []
         var malformed = 0
+        var stalled = 0
     }
 
     /// Listens on `host` (a dotted IPv4 address) and `port` (0: a free port
     /// the kernel picks; read it from `port`), its connections carrying
     /// frames of `wireFormat`. Its messages reach `handler` once the port is
     /// added to a loop; what `handler` returns answers a request (ignored
-    /// in `.foundationSocketPort` format, which has none). Never blocks.
+    /// in `.foundationSocketPort` format, which has none). A connection
+    /// that holds part of a frame and sends nothing for longer than
+    /// `stallLimit` is closed (nil: never). Never blocks.
+    ///
+    /// Misuse: a `stallLimit` of zero or less is a precondition failure.
     ///
     /// - Throws: `.nameTaken` if the address is in use; `.system` for an
     ///   address that is not a dotted IPv4 address, or one the kernel
     ///   refuses.
     public init(
         host: String = "127.0.0.1", port: UInt16 = 0, wireFormat: PortWireFormat = .spindle,
+        stallLimit: Duration? = .seconds(30),
         _ handler: @escaping @Sendable (PortEnvelope) -> PortEnvelope?
     ) throws(PortError) {
+        if let stallLimit {
+            require(stallLimit > .zero, "NetworkPort.init: `stallLimit` is \(stallLimit); it must be positive, or nil for no limit")
+        }
         let (fd, bound) = try PortSocketCalls.tcpListen(host: host, port: port)
         self.host = host
         self.port = bound
         self.wireFormat = wireFormat
+        self.stallLimit = stallLimit
         self.handler = handler
         let reference = NetworkPortReference()
         sentinel = LoopSource(
             cancel: { loop, _ in if loop.ownerThreadHasExited { reference.port?.invalidate() } },
             perform: { _ in })
+        // Repeating, so that it stays in the loop between sweeps; each sweep
+        // sets its next date itself. Weak: the timer does not keep the port.
+        stallSweep = stallLimit.map { limit in
+            LoopTimer(fireAt: .distantFuture, interval: limit) { timer in reference.port?.dropStalled(timer) }
+        }
         // The listener's source holds the port until invalidation.
         state.listener = (fd, LoopSource(descriptor: fd) { _, _ in self.acceptWaiting() })
         reference.port = self
@@ -128,6 +169,10 @@ public final class NetworkPort: @unchecked Sendable {
 
     /// Connections closed because of a malformed, oversize or truncated frame.
     public var malformedFrames: Int { lock.withLock { state.malformed } }
+
+    /// Connections closed because they held part of a frame and sent
+    /// nothing for longer than `stallLimit`.
+    public var stalledFrames: Int { lock.withLock { state.stalled } }
 
     /// How many senders are connected right now.
     public var connectionCount: Int { lock.withLock { state.connections.count } }
@@ -145,6 +190,7 @@ public final class NetworkPort: @unchecked Sendable {
         guard let sources else { return }
         require(!sources.isEmpty, "NetworkPort.schedule(in:forMode:): the port is already received by another loop; a port is received by one loop")
         for s in sources { loop.add(s, forMode: mode) }
+        if let stallSweep { loop.add(stallSweep, forMode: mode) }
         if loop.ownerThreadHasExited { invalidate() }
     }
 
@@ -153,7 +199,9 @@ public final class NetworkPort: @unchecked Sendable {
         let sources: [LoopSource] = lock.withLock {
             state.membership.leave(loop, forMode: mode) ? allSources() : []
         }
+        guard !sources.isEmpty else { return }
         for s in sources { loop.remove(s, forMode: mode) }
+        if let stallSweep { loop.remove(stallSweep, forMode: mode) }
     }
 
     /// Under `lock`.
@@ -190,9 +238,59 @@ public final class NetworkPort: @unchecked Sendable {
             return state.connections.removeValue(forKey: fd)
         }
         guard let connection else { return }
-        connection.source.invalidate()
+        Self.close(fd, source: connection.source)
+    }
+
+    /// Ends a descriptor source and its socket. Shut down before closing,
+    /// as NamedPort does: the event backend may hold the socket until its
+    /// next pass, and the peer must see the end now.
+    private static func close(_ fd: Int32, source: LoopSource) {
+        source.invalidate()
         PortSocketCalls.shutdown(fd)
         PortSocketCalls.close(fd)
+    }
+
+    // MARK: Stalled frames (the loop's thread)
+
+    /// Makes sure `stallSweep` runs by the time `fd`'s partial frame, if it
+    /// holds one, could pass `stallLimit`.
+    private func watchForStall(_ fd: Int32) {
+        guard let stallLimit, let stallSweep else { return }
+        let since: MonotonicClock.Instant? = lock.withLock {
+            guard let connection = state.connections[fd], connection.frames.hasPartialFrame else { return nil }
+            return connection.lastBytes
+        }
+        guard let since else { return }
+        let due = since + stallLimit
+        if due < stallSweep.fireDate { stallSweep.fireDate = due }
+    }
+
+    /// `stallSweep`'s handler: closes every connection whose partial frame
+    /// has waited `stallLimit` or longer for its next byte, and sets the
+    /// sweep's next date by the partial frames left (the far future if none).
+    /// A connection with bytes waiting in the kernel is not stalled: they
+    /// came while the loop was busy (a slow handler), and its source reads
+    /// them next, which sets the sweep again if the frame is still partial.
+    private func dropStalled(_ sweep: LoopTimer) {
+        guard let stallLimit else { return }
+        let now = MonotonicClock.now
+        var next = MonotonicClock.Instant.distantFuture
+        let stalled: [Int32: Connection] = lock.withLock {
+            var stalled: [Int32: Connection] = [:]
+            for (fd, connection) in state.connections where connection.frames.hasPartialFrame {
+                let due = connection.lastBytes + stallLimit
+                if due > now {
+                    next = min(next, due)
+                } else if !PortSocketCalls.waitReadable(fd, before: now) {  // a poll that never waits
+                    stalled[fd] = connection
+                }
+            }
+            for fd in stalled.keys { state.connections[fd] = nil }
+            state.stalled += stalled.count
+            return stalled
+        }
+        for (fd, connection) in stalled { Self.close(fd, source: connection.source) }
+        sweep.fireDate = next
     }
 
     /// Reads what the connection has (one read), then hands every whole
@@ -209,6 +307,7 @@ public final class NetworkPort: @unchecked Sendable {
             let ok: Bool = lock.withLock {
                 guard state.connections[fd] != nil else { return false }
                 state.connections[fd]!.frames.append(UnsafeRawBufferPointer(rebasing: chunk[0..<n]))
+                state.connections[fd]!.lastBytes = .now
                 return true
             }
             guard ok else { return }
@@ -225,7 +324,9 @@ public final class NetworkPort: @unchecked Sendable {
             let frame: [UInt8]
             switch next {
             case .success(let f?): frame = f
-            case .success(nil): return
+            case .success(nil):
+                watchForStall(fd)
+                return
             case .failure:
                 drop(fd, malformed: true)
                 return
@@ -280,18 +381,9 @@ public final class NetworkPort: @unchecked Sendable {
             }
         guard let taken else { return }
         sentinel.invalidate()
-        // Shut down before closing, as NamedPort does: the event backend may
-        // hold the sockets until its next pass.
-        if let listener = taken.listener {
-            listener.source.invalidate()
-            PortSocketCalls.shutdown(listener.fd)
-            PortSocketCalls.close(listener.fd)
-        }
-        for (fd, connection) in taken.connections {
-            connection.source.invalidate()
-            PortSocketCalls.shutdown(fd)
-            PortSocketCalls.close(fd)
-        }
+        stallSweep?.invalidate()
+        if let listener = taken.listener { Self.close(listener.fd, source: listener.source) }
+        for (fd, connection) in taken.connections { Self.close(fd, source: connection.source) }
         for handler in taken.handlers { handler(self) }
     }
 
