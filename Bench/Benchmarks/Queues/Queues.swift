@@ -415,9 +415,13 @@ let benchmarks: @Sendable () -> Void = {
     do {
         let done = Spindle.Semaphore(value: 0)
         let dispatchDone = DispatchSemaphore(value: 0)
+        // One chain of 10^6 links per iteration: a chain started from this
+        // thread wakes a parked worker, and its end wakes this thread (on
+        // this VM 20-50 us each while a vCPU idles); spread over 1,000-link
+        // chains those two wake-ups were most of a link's time, for both.
         let group = "queue.global async chain"
         sideBySide(
-            group: group, settings: kiloItems,
+            group: group, settings: megaItems,
             spindle: { benchmark in
                 spindleChain(benchmark.scaledIterations.count - 1, on: .global(), done)
                 waitOrReport(done, group)
