@@ -127,4 +127,34 @@ enum EventSourceCalls {
         if n < 0 { misuse("read of Spindle's inotify descriptor failed: \(errnoDescription(-n))") }
         return Int(n)
     }
+
+    /// The timerfd that tells of wall-clock changes (disarmed).
+    static func clockChangeTimer() throws(EventSourceError) -> Int32 {
+        let fd = cshims_clock_change_create()
+        if fd < 0 { throw .systemCall(SystemCallError(call: "timerfd_create(CLOCK_REALTIME)", code: -fd)) }
+        return fd
+    }
+
+    /// Arms the clock-change timerfd. Returns false when the clock was set
+    /// since it was last armed (that notice is consumed: arm it again).
+    static func armClockChange(_ fd: Int32) -> Bool {
+        let rc = cshims_clock_change_arm(fd)
+        if rc == -ECANCELED { return false }
+        if rc < 0 { misuse("timerfd_settime of Spindle's clock-change timer \(fd) failed: \(errnoDescription(-rc))") }
+        return true
+    }
+
+    static func disarmClockChange(_ fd: Int32) {
+        let rc = cshims_clock_change_disarm(fd)
+        if rc < 0 { misuse("timerfd_settime of Spindle's clock-change timer \(fd) failed: \(errnoDescription(-rc))") }
+    }
+
+    /// Whether the clock-change timerfd says the clock was set (the notice
+    /// is consumed: arm it again).
+    static func clockChangeFired(_ fd: Int32) -> Bool {
+        let rc = cshims_clock_change_read(fd)
+        if rc == -ECANCELED { return true }
+        if rc < 0 { misuse("read of Spindle's clock-change timer \(fd) failed: \(errnoDescription(-rc))") }
+        return false
+    }
 }
