@@ -135,13 +135,16 @@ enum EventSourceCalls {
         return fd
     }
 
-    /// Arms the clock-change timerfd. Returns false when the clock was set
-    /// since it was last armed (that notice is consumed: arm it again).
-    static func armClockChange(_ fd: Int32) -> Bool {
-        let rc = cshims_clock_change_arm(fd)
-        if rc == -ECANCELED { return false }
-        if rc < 0 { misuse("timerfd_settime of Spindle's clock-change timer \(fd) failed: \(errnoDescription(-rc))") }
-        return true
+    /// Arms the clock-change timerfd. A setting of the clock since it was
+    /// last armed or read makes the kernel refuse (`ECANCELED`), consuming
+    /// that notice; it is then armed again, which fails again only if the
+    /// clock was set again in between.
+    static func armClockChange(_ fd: Int32) {
+        while true {
+            let rc = cshims_clock_change_arm(fd)
+            if rc == 0 { return }
+            if rc != -ECANCELED { misuse("timerfd_settime of Spindle's clock-change timer \(fd) failed: \(errnoDescription(-rc))") }
+        }
     }
 
     static func disarmClockChange(_ fd: Int32) {

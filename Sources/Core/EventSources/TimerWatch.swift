@@ -263,7 +263,7 @@ extension TimerWatch {
             if watches.isEmpty {
                 // A notice left from an earlier arming is consumed here; the
                 // timers registered then are gone, this one not yet scheduled.
-                while !EventSourceCalls.armClockChange(fd) {}
+                EventSourceCalls.armClockChange(fd)
             }
             watches[ObjectIdentifier(watch)] = watch
         }
@@ -278,12 +278,12 @@ extension TimerWatch {
 
         /// On the reactor, when the timerfd is readable: arms it again and
         /// has every registered timer translate its due time again. A clock
-        /// set between the read and the arming makes the arming fail; then
-        /// the translations below (which come after it) account for it.
+        /// set between the read and the arming is consumed by the arming;
+        /// the translations, which come after it, account for it.
         private func deliver() {
             let registered: [TimerWatch] = lock.withLock {
                 guard EventSourceCalls.clockChangeFired(timerfd.fd) else { return [] }
-                if !watches.isEmpty { while !EventSourceCalls.armClockChange(timerfd.fd) {} }
+                if !watches.isEmpty { EventSourceCalls.armClockChange(timerfd.fd) }
                 return Array(watches.values)
             }
             for watch in registered { watch.clockWasSet() }
