@@ -4,6 +4,8 @@
 // 3 s at most and moved back by the same step before each test ends, so the
 // machine's time is off by microseconds (what passes between reading and
 // setting it) afterwards. Serialized: two tests must not move it at once.
+// The clock is the machine's: other tests that compare wall-clock readings
+// (in this process or another) can see the step while one of these runs.
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -102,4 +104,52 @@ struct EventSourceClockChangeTests {
         let calls = timer.recorded
         #expect(calls.count == 1 && calls[0].data == 1 && calls[0].at >= due, "\(calls)")
     }
+
+    /// After `fork()` the child's first wall-clock timer makes a timerfd of
+    /// its own (the parent's is shared with it), and a setting of the clock
+    /// reaches both processes: the child sets it 3 s forward (and back), and
+    /// a timer due 2.5 s from now, one in each, fires well before its
+    /// monotonic translation would have come. In an exit test, so the test
+    /// runner is not forked.
+    @Test func clockChangeReachesTheParentAndTheForkedChild() async throws {
+        let result = await #expect(processExitsWith: .success, observing: [\.standardOutputContent]) {
+            exit(clockChangeAcrossFork())
+        }
+        let text = String(decoding: result?.standardOutputContent ?? [], as: UTF8.self)
+        if text.contains("SKIP") { try Test.cancel(Comment(rawValue: clockRefusal)) }
+    }
+
+}
+
+/// `clockChangeReachesTheParentAndTheForkedChild` in its own process: 0,
+/// or the failed check (10 + the child's).
+private func clockChangeAcrossFork() -> Int32 {
+    armHangAlarm(seconds: 30)
+    let madeAt = MonotonicClock.now
+    let parent = RecordedTimer(start: WallClock.now + .milliseconds(2500), on: .queue(WorkQueue(label: "clock.parent")))
+    let child = fork()
+    if child == 0 {
+        armHangAlarm(seconds: 30)
+        let mineAt = MonotonicClock.now
+        let mine = RecordedTimer(start: WallClock.now + .milliseconds(2500), on: .queue(WorkQueue(label: "clock.child")))
+        let rc = stepWallClock(by: .seconds(3))
+        if rc == EPERM { _exit(77) }
+        guard rc == 0 else { _exit(2) }
+        let fired = mine.called.wait(timeout: .milliseconds(1500))
+        guard stepWallClock(by: .seconds(-3)) == 0 else { _exit(3) }
+        guard fired, MonotonicClock.now < mineAt.advanced(by: .milliseconds(2500)) else { _exit(4) }
+        _exit(0)
+    }
+    guard child > 0 else { return 5 }
+    var status: Int32 = 0
+    guard waitpid(child, &status, 0) == child else { return 6 }
+    let code = status & 0x7f == 0 ? (status >> 8) & 0xff : 128 + status & 0x7f
+    if code == 77 {
+        print("SKIP")
+        return 0
+    }
+    guard code == 0 else { return 10 + code }
+    guard parent.called.wait(timeout: .seconds(1)), MonotonicClock.now < madeAt.advanced(by: .milliseconds(2500)) else { return 7 }
+    parent.source.cancel()
+    return 0
 }
