@@ -14,9 +14,11 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/timerfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cshims_event.h"
 #include "cshims_sources.h"
 
 _Static_assert(CSHIMS_IN_MODIFY == IN_MODIFY && CSHIMS_IN_ATTRIB == IN_ATTRIB &&
@@ -197,6 +199,31 @@ int cshims_fd_stat(int fd, uint32_t *type, int64_t *size, uint64_t *links) {
     *size = (int64_t)st.st_size;
     *links = (uint64_t)st.st_nlink;
     return 0;
+}
+
+// MARK: Wall-clock changes
+
+int cshims_clock_change_create(void) {
+    int fd = timerfd_create(CLOCK_REALTIME, TFD_NONBLOCK | TFD_CLOEXEC);
+    return fd < 0 ? -errno : fd;
+}
+
+int cshims_clock_change_arm(int fd) {
+    // The kernel saturates any time past KTIME_MAX (year 2262) to it, and a
+    // timer there never fires: only the cancel on a clock change is wanted.
+    _Static_assert(sizeof(time_t) == 8, "time_t must hold INT64_MAX");
+    struct itimerspec never = {.it_value = {.tv_sec = INT64_MAX, .tv_nsec = 0}};
+    return timerfd_settime(fd, TFD_TIMER_ABSTIME | TFD_TIMER_CANCEL_ON_SET, &never, NULL) == 0 ? 0 : -errno;
+}
+
+int cshims_clock_change_disarm(int fd) {
+    struct itimerspec off = {0};
+    return timerfd_settime(fd, 0, &off, NULL) == 0 ? 0 : -errno;
+}
+
+int cshims_clock_change_read(int fd) {
+    // A timerfd is read as an eventfd is: one 8-byte count, EAGAIN when none.
+    return cshims_eventfd_drain(fd);
 }
 
 // MARK: Readiness estimates

@@ -1,10 +1,12 @@
 // Event sources per kind, against the kernel: signal counts and the
 // program's disposition (in exit tests: signals are process-wide), process
-// exits (in exit tests: they fork), file-system events, descriptors that
-// are not open, the data kinds' merge rules, and misuse.
+// exits (in exit tests: they fork), file-system events (and unmounting a
+// watched file system, in a mount namespace of a child's own), descriptors
+// that are not open, the data kinds' merge rules, and misuse.
 #if canImport(Glibc)
 import Glibc
 #endif
+import CShims
 import Spindle
 import Testing
 import TestSupport
@@ -313,6 +315,26 @@ struct EventSourceKernelTests {
         source.cancel()
     }
 
+    /// A file system that holds a watched file cannot be unmounted, and
+    /// that is reported at once, not hung on (as `FileEvents` documents):
+    /// `umount` fails with `EBUSY` while the source's descriptor is open,
+    /// and the source goes on reporting writes; its cancel handler runs
+    /// once. A lazy unmount (`MNT_DETACH`) succeeds and reports nothing
+    /// while the descriptor is open (a second source still sees writes,
+    /// and no `revoke`); cancelling it and closing the descriptor ends
+    /// cleanly, and a watch made afterwards works. In a forked child, on a
+    /// tmpfs mounted in a private mount namespace; where that is refused
+    /// (no CAP_SYS_ADMIN) the test is cancelled with the reason.
+    @Test func busyFileSystemRefusesUnmountWhileWatched() async throws {
+        let result = await #expect(processExitsWith: .success, observing: [\.standardOutputContent]) {
+            runOnForkedMainThread(unmountWhileWatched)
+        }
+        let text = String(decoding: result?.standardOutputContent ?? [], as: UTF8.self)
+        if let skip = text.split(separator: "\n").first(where: { $0.hasPrefix("SKIP: ") }) {
+            try Test.cancel(Comment(rawValue: String(skip.dropFirst(6))))
+        }
+    }
+
     // MARK: Descriptors that are not open
 
     /// A read, write or file-system source on a descriptor that is not open
@@ -525,4 +547,78 @@ private func watchChildren() -> Int32 {
         }
     }
     return 0
+}
+
+/// `busyFileSystemRefusesUnmountWhileWatched` in a forked child of its own
+/// (so every thread Spindle starts is in the new mount namespace): 0, or
+/// the failed check; 0 with a `SKIP:` line on standard output where mounting is
+/// refused.
+private func unmountWhileWatched() -> Int32 {
+    func skip(_ what: String) -> Int32 {
+        let code = errno
+        print("SKIP: \(SystemCallError(call: what, code: code)); a private tmpfs mount needs CAP_SYS_ADMIN")
+        return code == EPERM || code == EACCES ? 0 : 2
+    }
+    let rc = cshims_unshare_private_mounts()
+    if rc < 0 {
+        errno = -rc
+        return skip("unshare(CLONE_NEWNS)")
+    }
+    var template = Array("/tmp/spindle-es-unmount-XXXXXX".utf8CString)
+    guard let made = mkdtemp(&template) else { return 3 }
+    let dir = String(cString: made)
+    defer { rmdir(dir) }
+    guard mount("spindle-es", dir, "tmpfs", 0, "size=1m") == 0 else { return skip("mount(tmpfs)") }
+    let fd = open("\(dir)/watched", O_RDWR | O_CREAT, 0o600)
+    guard fd >= 0 else { return 4 }
+
+    let queue = WorkQueue(label: "kernel.unmount")
+    let seen = LockedValue<[EventSource.FileEvents]>([])
+    let called = Semaphore(value: 0)
+    let cancels = LockedValue(0)
+    let finished = Semaphore(value: 0)
+    func watch() -> EventSource? {
+        guard let source = try? EventSource.fileSystemObject(descriptor: fd, events: .all, on: .queue(queue)) else { return nil }
+        source.setEventHandler { s in seen.withLock { $0.append(s.fileEvents) }; called.signal() }
+        source.setCancelHandler { _ in cancels.withLock { $0 += 1 }; finished.signal() }
+        source.activate()
+        return source
+    }
+
+    // Busy: refused at once, and the source goes on.
+    guard let first = watch() else { return 5 }
+    guard umount(dir) == -1, errno == EBUSY else { return 6 }
+    guard pwrite(fd, [1, 2, 3], 3, 0) == 3, called.wait(timeout: .seconds(10)) else { return 7 }
+    guard seen.withLock({ $0.last })?.contains(.write) == true else { return 8 }
+    first.cancel()
+    guard finished.wait(timeout: .seconds(10)) else { return 9 }
+    usleep(20_000)
+    guard cancels.withLock({ $0 }) == 1 else { return 10 }
+
+    // Lazy: detached at once; nothing is reported while the descriptor is open.
+    guard let second = watch() else { return 11 }
+    guard umount2(dir, Int32(MNT_DETACH)) == 0 else { return 12 }
+    guard pwrite(fd, [4], 1, 3) == 1, called.wait(timeout: .seconds(10)) else { return 13 }
+    usleep(20_000)
+    guard !seen.withLock({ $0.contains { $0.contains(.revoke) } }) else { return 14 }
+    second.cancel()
+    guard finished.wait(timeout: .seconds(10)) else { return 15 }
+    close(fd)  // the last reference: the detached tmpfs goes now
+
+    // The reactor is not stuck: a new watch on another file still works.
+    let path = scratchPath("after-unmount")
+    guard writeFile(path, [1]) else { return 16 }
+    defer { unlink(path) }
+    let other = open(path, O_RDWR)
+    guard other >= 0,
+        let third = try? EventSource.fileSystemObject(descriptor: other, events: .write, on: .queue(queue))
+    else { return 17 }
+    third.setEventHandler { _ in called.signal() }
+    third.setCancelHandler { _ in close(other); finished.signal() }
+    third.activate()
+    guard pwrite(other, [2], 1, 0) == 1, called.wait(timeout: .seconds(10)) else { return 18 }
+    third.cancel()
+    guard finished.wait(timeout: .seconds(10)) else { return 19 }
+    let total = cancels.withLock { $0 }
+    return total == 2 ? 0 : 20
 }

@@ -62,7 +62,7 @@ struct MainQueueTests {
 /// Forks; the child (whose one thread is its process's main thread) exits
 /// with `body`'s result, or is killed by an alarm after 30 s. The caller
 /// exits with the child's status (128 + the signal if one killed it).
-private func runOnForkedMainThread(_ body: () -> Int32) -> Never {
+func runOnForkedMainThread(_ body: () -> Int32) -> Never {
     let child = fork()
     if child == 0 {
         armHangAlarm(seconds: 30)

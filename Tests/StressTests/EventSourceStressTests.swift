@@ -154,17 +154,18 @@ private func show(_ tag: String, _ result: ExitTest.Result?) {
 @Suite("EventSource stress")
 struct EventSourceStressTests {
     /// 10,000 sources (a third each: add-data sources, repeating timers of
-    /// 0.2–1 ms, read sources on socketpairs) made by 4 threads on 6
-    /// targets (2 serial queues, a concurrent queue, the global queue, 2
-    /// loops), activated (or resumed, or never), suspended and resumed, fed
-    /// (merges, bytes) and cancelled, by their maker, by another thread, or
-    /// by their own handler, while their events arrive. Afterwards: every
-    /// cancel handler ran exactly once; no event handler ran after its
-    /// source's cancel handler, or at the same time as another call of the
-    /// same source, or on a closed descriptor; the process has exactly the
-    /// descriptors it had before (the read sources' cancel handlers close
-    /// their socketpairs; the reactor and the loops made theirs before the
-    /// count). Same count under TSan.
+    /// 0.2–1 ms on the monotonic or the wall clock, read sources on
+    /// socketpairs) made by 4 threads on 6 targets (2 serial queues, a
+    /// concurrent queue, the global queue, 2 loops), activated (or resumed,
+    /// or never), suspended and resumed, fed (merges, bytes) and cancelled,
+    /// by their maker, by another thread, or by their own handler, while
+    /// their events arrive. Afterwards: every cancel handler ran exactly
+    /// once; no event handler ran after its source's cancel handler, or at
+    /// the same time as another call of the same source, or on a closed
+    /// descriptor; the process has exactly the descriptors it had before
+    /// (the read sources' cancel handlers close their socketpairs; the
+    /// reactor and the loops made theirs before the count). Same count
+    /// under TSan.
     @Test func tenThousandSourcesChurnWithoutLeaksOrLateHandlers() async {
         let result = await #expect(processExitsWith: .success, observing: [\.standardErrorContent]) {
             armHangAlarm(seconds: 300)
@@ -304,7 +305,8 @@ private func churnSources(total: Int) -> Int32 {
         .queue(WorkQueue(label: "churn.concurrent", kind: .concurrent)), .queue(WorkQueue.global()),
         .loop(loops[0].loop), .loop(loops[1].loop),
     ]
-    // Warm-up: the reactor and each loop make their descriptors on first use.
+    // Warm-up: the reactor and each loop make their descriptors on first use
+    // (a wall-clock timer: the reactor's clock-change timerfd too).
     for target in targets {
         var fds: [Int32] = [0, 0]
         guard socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &fds) == 0 else { return 3 }
@@ -313,7 +315,7 @@ private func churnSources(total: Int) -> Int32 {
         let pair = (fds[0], fds[1])
         warm.setCancelHandler { _ in close(pair.0); close(pair.1); done.signal() }
         warm.activate()
-        let timer = EventSource.timer(interval: .milliseconds(1), on: target)
+        let timer = EventSource.timer(start: .wall(WallClock.now), interval: .milliseconds(1), on: target)
         timer.setCancelHandler { _ in done.signal() }
         timer.activate()
         warm.cancel()
@@ -341,7 +343,8 @@ private func churnSources(total: Int) -> Int32 {
                 source.setEventHandler { _ in record.event(index, reading: nil) }
                 source.setCancelHandler { _ in record.cancelled(index) }
             case 1:
-                source = EventSource.timer(interval: .microseconds(200 + rng.next(800)), on: target)
+                let start: EventSource.TimerStart = rng.next(2) == 0 ? .now : .wall(WallClock.now)
+                source = EventSource.timer(start: start, interval: .microseconds(200 + rng.next(800)), on: target)
                 source.setEventHandler { _ in record.event(index, reading: nil) }
                 source.setCancelHandler { _ in record.cancelled(index) }
             default:

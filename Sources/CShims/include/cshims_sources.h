@@ -1,7 +1,8 @@
 // The kernel side of event sources (Sources/Core/EventSources): signal
 // observation that chains to the program's own disposition, process exit
-// through pidfds, file-system object changes through inotify, and the
-// readiness estimates a descriptor source reports. Every function returns a
+// through pidfds, file-system object changes through inotify, the notice
+// that the wall clock was set, and the readiness estimates a descriptor
+// source reports. Every function returns a
 // value >= 0 or -errno unless its comment says otherwise.
 #ifndef CSHIMS_SOURCES_H
 #define CSHIMS_SOURCES_H
@@ -71,6 +72,24 @@ int cshims_inotify_read(int ifd, int32_t *wds, uint32_t *masks, int max);
 int cshims_fd_stat(int fd, uint32_t *type, int64_t *size, uint64_t *links);
 #define CSHIMS_FD_SOCKET 0140000
 #define CSHIMS_FD_FIFO 0010000
+
+// MARK: Wall-clock changes
+
+// A non-blocking, close-on-exec timerfd on CLOCK_REALTIME, to be told when
+// the system time is set (timerfd_create(2)).
+int cshims_clock_change_create(void);
+// Arms `fd` at the farthest time the kernel keeps (it never expires) with
+// TFD_TIMER_ABSTIME | TFD_TIMER_CANCEL_ON_SET, so that setting the clock
+// (clock_settime, settimeofday, adjtimex ADJ_SETOFFSET) makes it readable.
+// -ECANCELED if the clock was set since it was last armed and read: the
+// notice is consumed; arm again.
+int cshims_clock_change_arm(int fd);
+// Disarms `fd`: setting the clock no longer makes it readable.
+int cshims_clock_change_disarm(int fd);
+// Reads `fd` once: -ECANCELED when the clock was set (the read consumes the
+// notice; arm it again), else 0 (nothing pending, or an expiry, which only
+// a clock at the far-future time could cause).
+int cshims_clock_change_read(int fd);
 
 // MARK: Readiness estimates
 

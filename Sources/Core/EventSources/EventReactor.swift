@@ -7,7 +7,8 @@
 /// are process-wide, are watched here for every source.
 ///
 /// What runs on this thread is short: merging an event into its source and
-/// submitting a call. No user code runs here.
+/// submitting a call. No user code runs here. The notice that the system
+/// time was set, which wall-clock timers need, is watched here too.
 ///
 /// It sleeps in epoll rather than io_uring: a handler's worker re-arms its
 /// descriptor's one-shot watch with `epoll_ctl` directly, while io_uring
@@ -51,5 +52,6 @@ enum EventReactor {
         SignalWatch.Registry.shared.childAfterFork()
         FileSystemWatch.Registry.shared.childAfterFork()
         TimerQueue.shared.childAfterFork()
+        TimerWatch.WallClockRegistry.shared.childAfterFork()
     }
 }

@@ -127,4 +127,37 @@ enum EventSourceCalls {
         if n < 0 { misuse("read of Spindle's inotify descriptor failed: \(errnoDescription(-n))") }
         return Int(n)
     }
+
+    /// The timerfd that tells of wall-clock changes (disarmed).
+    static func clockChangeTimer() throws(EventSourceError) -> Int32 {
+        let fd = cshims_clock_change_create()
+        if fd < 0 { throw .systemCall(SystemCallError(call: "timerfd_create(CLOCK_REALTIME)", code: -fd)) }
+        return fd
+    }
+
+    /// Arms the clock-change timerfd. A setting of the clock since it was
+    /// last armed or read makes the kernel refuse (`ECANCELED`), consuming
+    /// that notice; it is then armed again, which fails again only if the
+    /// clock was set again in between.
+    static func armClockChange(_ fd: Int32) {
+        while true {
+            let rc = cshims_clock_change_arm(fd)
+            if rc == 0 { return }
+            if rc != -ECANCELED { misuse("timerfd_settime of Spindle's clock-change timer \(fd) failed: \(errnoDescription(-rc))") }
+        }
+    }
+
+    static func disarmClockChange(_ fd: Int32) {
+        let rc = cshims_clock_change_disarm(fd)
+        if rc < 0 { misuse("timerfd_settime of Spindle's clock-change timer \(fd) failed: \(errnoDescription(-rc))") }
+    }
+
+    /// Whether the clock-change timerfd says the clock was set (the notice
+    /// is consumed: arm it again).
+    static func clockChangeFired(_ fd: Int32) -> Bool {
+        let rc = cshims_clock_change_read(fd)
+        if rc == -ECANCELED { return true }
+        if rc < 0 { misuse("read of Spindle's clock-change timer \(fd) failed: \(errnoDescription(-rc))") }
+        return false
+    }
 }

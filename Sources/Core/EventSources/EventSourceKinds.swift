@@ -42,7 +42,11 @@ extension EventSource {
         /// the machine sleeps, never jumps.
         case monotonic(MonotonicClock.Instant)
         /// The wall clock (`CLOCK_REALTIME`): follows changes to the
-        /// system time, for schedules tied to the calendar.
+        /// system time, for schedules tied to the calendar. When the time is
+        /// set, the timer is rescheduled at once: set past its due time, it
+        /// fires at once (a repeating one with `data` counting the periods
+        /// passed); set back, it waits until the wall clock reaches its due
+        /// time again.
         case wall(WallClock.Instant)
 
         /// Now, on the monotonic clock.
@@ -120,8 +124,16 @@ extension EventSource {
     ///
     /// A wall-clock schedule is translated to the monotonic clock when the
     /// timer is armed and again at each firing, which is checked against the
-    /// wall clock (never early); a change of the system time is therefore
-    /// noticed at the next firing, not at once.
+    /// wall clock (never early). A change of the system time is noticed at
+    /// once, as Dispatch's `CLOCK_REALTIME` timers notice it: while a
+    /// wall-clock timer is active, a timerfd armed with
+    /// `TFD_TIMER_CANCEL_ON_SET` (one for the process, on the reactor
+    /// thread) reports each setting of the clock, and every wall-clock
+    /// timer is translated again; one whose due time has passed fires at
+    /// once, one whose due time moved later waits for it. A gradual
+    /// adjustment (NTP slewing) is no setting and needs none of this. If the
+    /// kernel refuses that timerfd (`timerfd_create`, e.g. `EMFILE`), the
+    /// source fails with `EventSourceError.systemCall` (see `failure`).
     ///
     /// `interval` must be positive and `leeway` non-negative: otherwise a
     /// precondition failure with a message.

@@ -86,8 +86,7 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
         static let shared = Registry()
 
         private let lock = GuardLock()
-        private var inotify: Int32 = -1
-        private var watcher: LoopSource?
+        private var inotify = ReactorDescriptor()
         private var byWatch: [Int32: [FileSystemWatch]] = [:]
         private var wds = [Int32](repeating: 0, count: 256)
         private var masks = [UInt32](repeating: 0, count: 256)
@@ -97,14 +96,8 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
             lock.lock()
             defer { lock.unlock() }
             guard !watch.stopped else { return }
-            if inotify < 0 {
-                let fd = try EventSourceCalls.inotify()
-                let made = LoopSource(descriptor: fd) { [unowned self] _, _ in self.deliver() }
-                inotify = fd
-                watcher = made
-                reactor.add(made)
-            }
-            let wd = try EventSourceCalls.inotifyWatch(inotify, descriptor: watch.descriptor, mask: watch.inotifyMask)
+            let fd = try inotify.open(on: reactor, EventSourceCalls.inotify) { [unowned self] in self.deliver() }
+            let wd = try EventSourceCalls.inotifyWatch(fd, descriptor: watch.descriptor, mask: watch.inotifyMask)
             watch.wd = wd
             watch.source = source
             watch.registered = true
@@ -121,7 +114,7 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
             list.removeAll { $0 === watch }
             if list.isEmpty {
                 byWatch[watch.wd] = nil
-                EventSourceCalls.inotifyUnwatch(inotify, watch.wd)
+                EventSourceCalls.inotifyUnwatch(inotify.fd, watch.wd)
             } else {
                 byWatch[watch.wd] = list
             }
@@ -132,7 +125,7 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
             var due: [(EventSource, EventSource.FileEvents)] = []
             lock.withLock {
                 while true {
-                    let n = EventSourceCalls.inotifyRead(inotify, &wds, &masks)
+                    let n = EventSourceCalls.inotifyRead(inotify.fd, &wds, &masks)
                     if n == 0 { break }
                     for i in 0..<n {
                         guard let list = byWatch[wds[i]] else { continue }
@@ -154,9 +147,7 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
 
         func childAfterFork() {
             lock.reinitializeAfterFork()
-            if let watcher { _ = Unmanaged.passRetained(watcher) }
-            watcher = nil
-            inotify = -1
+            inotify.childAfterFork()
             byWatch = [:]
         }
     }

@@ -58,8 +58,7 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
         static let shared = Registry()
 
         private let lock = GuardLock()
-        private var eventfd: Int32 = -1
-        private var watcher: LoopSource?
+        private var eventfd = ReactorDescriptor()
         private var watches: [Int32: [SignalWatch]] = [:]
 
         func add(_ watch: SignalWatch, for source: EventSource) throws(EventSourceError) {
@@ -69,15 +68,9 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
             lock.lock()
             defer { lock.unlock() }
             guard !watch.stopped else { return }
-            if eventfd < 0 {
-                let fd = try EventSourceCalls.eventfd()
-                let made = LoopSource(descriptor: fd) { [unowned self] _, _ in self.deliver() }
-                eventfd = fd
-                watcher = made
-                reactor.add(made)
-            }
+            let fd = try eventfd.open(on: reactor, EventSourceCalls.eventfd) { [unowned self] in self.deliver() }
             if watches[watch.signal, default: []].isEmpty {
-                try EventSourceCalls.installSignalObserver(watch.signal, eventfd: eventfd)
+                try EventSourceCalls.installSignalObserver(watch.signal, eventfd: fd)
             }
             watch.source = source
             watch.seen = EventSourceCalls.signalCount(watch.signal)
@@ -103,7 +96,7 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
         /// drained first, so a signal counted after the counts are read
         /// writes it again and is delivered on the next round.
         private func deliver() {
-            let fd = lock.withLock { eventfd }
+            let fd = lock.withLock { eventfd.fd }
             EventSourceCalls.drainEventfd(fd)
             var due: [(EventSource, UInt64)] = []
             lock.withLock {
@@ -125,9 +118,7 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
         /// write.
         func childAfterFork() {
             lock.reinitializeAfterFork()
-            if let watcher { _ = Unmanaged.passRetained(watcher) }
-            watcher = nil
-            eventfd = -1
+            eventfd.childAfterFork()
             watches = [:]
         }
     }

@@ -11,9 +11,13 @@
 ///   wall-clock one is a chain of one-shot `LoopTimer`s.
 ///
 /// A wall-clock due time is translated to the monotonic clock when it is
-/// scheduled, and checked against the wall clock when it fires: if the
-/// system time went back, it is scheduled again (never early). A change of
-/// the system time is noticed at the next firing, not at once.
+/// scheduled, and checked against the wall clock when it fires (never
+/// early). While a wall-clock timer is active, `WallClockRegistry` has the
+/// kernel report each setting of the system time; the timer is then
+/// translated again at once, with a new arming (its queue entry or loop
+/// timer of the old one fires no more): set forward past its due time, it
+/// fires at once, counting the periods passed; set back, it waits for its
+/// due time on the wall clock.
 final class TimerWatch: SourceWatch, @unchecked Sendable {
     // @unchecked: everything mutable is guarded by `lock`.
 
@@ -24,6 +28,10 @@ final class TimerWatch: SourceWatch, @unchecked Sendable {
 
     private let lock = GuardLock()
     private weak var source: EventSource?
+    /// Where the last start put the watch; a wall-clock timer is started
+    /// there again when the system time is set.
+    private var place: Place?
+    private typealias Place = (loop: ThreadLoop, modes: [LoopMode])
     private var timer: LoopTimer?
     private var stopped = false
     /// Bumped by each start (and so by `move`) and by `stop`: timers and
@@ -78,10 +86,25 @@ final class TimerWatch: SourceWatch, @unchecked Sendable {
         let arming: Int? = lock.withLock { () -> Int? in
             guard !stopped else { return nil }
             self.source = source
+            place = (loop, modes)
             self.arming += 1
             return due == .max ? nil : self.arming
         }
         guard let arming else { return }
+        if isWall {
+            // Before the due time is translated, so that a clock set after
+            // the translation is reported (and translates it again).
+            do throws(EventSourceError) {
+                try WallClockRegistry.shared.add(self)
+            } catch {
+                source.fail(error)
+                return
+            }
+        }
+        arm(arming: arming, on: loop, modes: modes)
+    }
+
+    private func arm(arming: Int, on loop: ThreadLoop, modes: [LoopMode]) {
         if loop === EventReactor.loop {
             scheduleInQueue(arming: arming)
         } else if isWall {
@@ -118,11 +141,13 @@ final class TimerWatch: SourceWatch, @unchecked Sendable {
     /// scheduled).
     @discardableResult
     private func fire(arming: Int) -> Bool {
-        let (count, source): (UInt64, EventSource?) = lock.withLock {
-            guard !stopped, arming == self.arming else { return (0, nil) }
-            return (consume(now: now()), self.source)
+        let (count, source, ended): (UInt64, EventSource?, Bool) = lock.withLock {
+            guard !stopped, arming == self.arming else { return (0, nil, false) }
+            return (consume(now: now()), self.source, due == .max)
         }
         guard let source else { return false }
+        // No due time is left: a clock change can no longer matter.
+        if ended && isWall { WallClockRegistry.shared.remove(self) }
         source.add(count)
         return true
     }
@@ -172,6 +197,24 @@ final class TimerWatch: SourceWatch, @unchecked Sendable {
             return timer
         }
         old?.invalidate()
+        if isWall { WallClockRegistry.shared.remove(self) }
+    }
+
+    /// Whether a due time is left (not stopped, not a one-shot that fired).
+    fileprivate var hasDueTime: Bool { lock.withLock { !stopped && due != .max } }
+
+    /// The system time was set: translates the next due time again, at
+    /// once, under a new arming (on the reactor, from `WallClockRegistry`).
+    fileprivate func clockWasSet() {
+        let restart: (arming: Int, at: Place, old: LoopTimer?)? = lock.withLock {
+            guard !stopped, due != .max, let place else { return nil }
+            arming += 1
+            defer { timer = nil }
+            return (arming, place, timer)
+        }
+        guard let restart else { return }
+        restart.old?.invalidate()
+        arm(arming: restart.arming, on: restart.at.loop, modes: restart.at.modes)
     }
 
     private static func nanoseconds(_ instant: WallClock.Instant) -> Int64 {
@@ -182,5 +225,77 @@ final class TimerWatch: SourceWatch, @unchecked Sendable {
 
     private static func wallInstant(_ ns: Int64) -> WallClock.Instant {
         WallClock.Instant(secondsSinceEpoch: ns / 1_000_000_000, nanoseconds: Int32(ns % 1_000_000_000))
+    }
+}
+
+extension TimerWatch {
+    /// The active wall-clock timers of the process, and the kernel's notice
+    /// that the system time was set: a timerfd on `CLOCK_REALTIME` armed
+    /// with `TFD_TIMER_CANCEL_ON_SET` (at a time it never reaches), watched
+    /// on the reactor. Setting the clock makes it readable, its read fails
+    /// with `ECANCELED`, and every registered timer is translated again.
+    ///
+    /// The timerfd is made with the first wall-clock timer and kept; it is
+    /// armed only while at least one is registered (disarmed, the kernel
+    /// takes it off its list of timers to cancel, so a clock change costs
+    /// the process nothing).
+    final class WallClockRegistry: @unchecked Sendable {
+        // @unchecked: everything is guarded by `lock`.
+
+        static let shared = WallClockRegistry()
+
+        private let lock = GuardLock()
+        private var timerfd = ReactorDescriptor()
+        private var watches: [ObjectIdentifier: TimerWatch] = [:]
+
+        /// Registers `watch` (again: nothing). Any thread.
+        func add(_ watch: TimerWatch) throws(EventSourceError) {
+            // The reactor first: starting it takes the reactor's lock, which
+            // is never taken inside this one.
+            let reactor = EventReactor.loop
+            lock.lock()
+            defer { lock.unlock() }
+            // Checked under this lock (the watch's is taken inside it, and
+            // never the other way round): a `stop` or a last firing that
+            // raced this start unregisters after it, or is seen here.
+            guard watch.hasDueTime else { return }
+            let fd = try timerfd.open(on: reactor, EventSourceCalls.clockChangeTimer) { [unowned self] in self.deliver() }
+            if watches.isEmpty {
+                // A notice left from an earlier arming is consumed here; the
+                // timers registered then are gone, this one not yet scheduled.
+                EventSourceCalls.armClockChange(fd)
+            }
+            watches[ObjectIdentifier(watch)] = watch
+        }
+
+        /// Unregisters `watch` (not registered: nothing). Any thread.
+        func remove(_ watch: TimerWatch) {
+            lock.lock()
+            defer { lock.unlock() }
+            guard watches.removeValue(forKey: ObjectIdentifier(watch)) != nil, watches.isEmpty else { return }
+            EventSourceCalls.disarmClockChange(timerfd.fd)
+        }
+
+        /// On the reactor, when the timerfd is readable: arms it again and
+        /// has every registered timer translate its due time again. A clock
+        /// set between the read and the arming is consumed by the arming;
+        /// the translations, which come after it, account for it.
+        private func deliver() {
+            let registered: [TimerWatch] = lock.withLock {
+                guard EventSourceCalls.clockChangeFired(timerfd.fd) else { return [] }
+                if !watches.isEmpty { EventSourceCalls.armClockChange(timerfd.fd) }
+                return Array(watches.values)
+            }
+            for watch in registered { watch.clockWasSet() }
+        }
+
+        /// In a child after `fork()`: the timerfd is shared with the parent
+        /// (arming it would change the parent's), and the parent's timers are
+        /// not the child's; the child's first wall-clock timer makes a new one.
+        func childAfterFork() {
+            lock.reinitializeAfterFork()
+            timerfd.childAfterFork()
+            watches = [:]
+        }
     }
 }

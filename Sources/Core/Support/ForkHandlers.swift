@@ -48,6 +48,7 @@ enum ForkHandlers {
         _ = SignalWatch.Registry.shared
         _ = FileSystemWatch.Registry.shared
         _ = TimerQueue.shared
+        _ = TimerWatch.WallClockRegistry.shared
     }
 
     private static func child() {
