@@ -266,7 +266,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         // submitters. Only loads, so the rings' lines stay shared.
         // Raw pointers to the counts: no reference counting while polling.
         // (Its own ring cannot fill meanwhile: only its own thread pushes.)
-        let others = pool.workerSnapshot().map(\.localCount)
+        let others = pool.countSnapshot()
         let high = pool.injectorCounts[WorkerPool.highLane]
         let normal = pool.injectorCounts[WorkerPool.defaultLane]
         // A poll every 16 pause hints (about 0.4 µs here): the counts'

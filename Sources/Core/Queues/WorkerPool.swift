@@ -126,7 +126,12 @@ final class WorkerPool: @unchecked Sendable {
     /// retain and release the rings, writes to lines the busy workers use.
     let injectorCounts: [UnsafeMutablePointer<Int>]
     var idle: [PoolWorker] = []
-    var workers: [PoolWorker] = []
+    var workers: [PoolWorker] = [] {
+        didSet { workerCounts = workers.map { $0.localCount } }
+    }
+    /// The live workers' published ring counts (follows `workers`), for
+    /// polling with neither reference counting nor an allocation per poll.
+    private(set) var workerCounts: [UnsafeMutablePointer<Int>] = []
     var threadCount = 0
 
     /// Atomic counters, each on its own cache line: active, searching,
@@ -218,10 +223,14 @@ final class WorkerPool: @unchecked Sendable {
     /// decisions).
     func hasQueuedWork() -> Bool {
         if injectorHasWork { return true }
+        return countSnapshot().contains { AtomicMemory.load(from: $0, ordering: .sequentiallyConsistent) > 0 }
+    }
+
+    /// `workerCounts` now (a copy of the array: a retain, no allocation).
+    func countSnapshot() -> [UnsafeMutablePointer<Int>] {
         lock.lock()
-        let all = workers
-        lock.unlock()
-        return all.contains { AtomicMemory.load(from: $0.localCount, ordering: .sequentiallyConsistent) > 0 }
+        defer { lock.unlock() }
+        return workerCounts
     }
 
     // MARK: Taking work
