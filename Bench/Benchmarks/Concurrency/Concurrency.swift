@@ -33,8 +33,8 @@
 // 4. concurrency.handoff: two tasks on the default executor pass a token
 //    back and forth, through AsyncStream [ref] and through a
 //    withCheckedContinuation rendezvous; one operation is one hand-off (half
-//    a round trip). Spindle has no async semaphore yet, so there is no
-//    Spindle row: this group is the yardstick for it.
+//    a round trip). The Spindle row passes it through `await
+//    Semaphore.wait()` and `signal()`.
 //
 // A benchmark body is synchronous, so each iteration starts one driver task
 // and the benchmark thread waits for it on a Spindle.Semaphore (30 s limit,
