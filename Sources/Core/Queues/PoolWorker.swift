@@ -40,6 +40,11 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     /// the order stays FIFO). Flushed to the ring when the worker blocks or
     /// parks, and after `slotLimit` slot runs in a row. Owner thread only.
     private var nextSlot: WorkUnit?
+    /// The workers' ring counts as of `pollGeneration` of the pool's worker
+    /// list, for the spin before parking: rebuilt only when the list
+    /// changed, so a spin allocates nothing. Owner thread only.
+    private var pollCounts: [UnsafeMutablePointer<Int>] = []
+    private var pollGeneration = -1
     private var slotRuns = 0
     private static let slotLimit = 16
     /// State of the xorshift generator that picks the first victim of a
@@ -266,7 +271,12 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         // submitters. Only loads, so the rings' lines stay shared.
         // Raw pointers to the counts: no reference counting while polling.
         // (Its own ring cannot fill meanwhile: only its own thread pushes.)
-        let others = pool.countSnapshot()
+        let generation = AtomicMemory.load(from: pool.workersGeneration, ordering: .acquiring)
+        if generation != pollGeneration {
+            pollCounts = pool.workerSnapshot().map(\.localCount)
+            pollGeneration = generation
+        }
+        let others = pollCounts
         let high = pool.injectorCounts[WorkerPool.highLane]
         let normal = pool.injectorCounts[WorkerPool.defaultLane]
         // A poll every 16 pause hints (about 0.4 µs here): the counts'

@@ -127,20 +127,23 @@ final class WorkerPool: @unchecked Sendable {
     let injectorCounts: [UnsafeMutablePointer<Int>]
     var idle: [PoolWorker] = []
     var workers: [PoolWorker] = [] {
-        didSet { workerCounts = workers.map { $0.localCount } }
+        // An atomic increment only: this runs in a child after `fork()` too,
+        // where nothing may make type metadata (see `ForkHandlers`).
+        didSet { AtomicMemory.increment(workersGeneration, ordering: .releasing) }
     }
-    /// The live workers' published ring counts (follows `workers`), for
-    /// polling with neither reference counting nor an allocation per poll.
-    private(set) var workerCounts: [UnsafeMutablePointer<Int>] = []
     var threadCount = 0
 
     /// Atomic counters, each on its own cache line: active, searching,
-    /// spinner.
+    /// spinner, and the generation of `workers`.
     private let words: UnsafeMutableRawPointer
     var active: UnsafeMutablePointer<Int> { words.assumingMemoryBound(to: Int.self) }
     var searching: UnsafeMutablePointer<Int> { (words + 64).assumingMemoryBound(to: Int.self) }
     /// 1 while a worker spins before parking: at most one per pool does.
     var spinner: UnsafeMutablePointer<Int> { (words + 128).assumingMemoryBound(to: Int.self) }
+    /// Bumped by every change of `workers`, so that a spinning worker
+    /// rebuilds its list of the rings' counts only when the workers changed
+    /// (not an array per spin).
+    var workersGeneration: UnsafeMutablePointer<Int> { (words + 192).assumingMemoryBound(to: Int.self) }
 
     /// Lane numbers of the injector.
     static let highLane = 0
@@ -153,7 +156,7 @@ final class WorkerPool: @unchecked Sendable {
         highInjector = WorkRing(capacity: 256, publishesCount: true)
         defaultInjector = WorkRing(capacity: 1024, publishesCount: true)
         injectorCounts = [highInjector.publishedCount, defaultInjector.publishedCount]
-        words = allocateStableWords(byteCount: 192)
+        words = allocateStableWords(byteCount: 256)
         ForkHandlers.install()
     }
 
@@ -223,14 +226,10 @@ final class WorkerPool: @unchecked Sendable {
     /// decisions).
     func hasQueuedWork() -> Bool {
         if injectorHasWork { return true }
-        return countSnapshot().contains { AtomicMemory.load(from: $0, ordering: .sequentiallyConsistent) > 0 }
-    }
-
-    /// `workerCounts` now (a copy of the array: a retain, no allocation).
-    func countSnapshot() -> [UnsafeMutablePointer<Int>] {
         lock.lock()
-        defer { lock.unlock() }
-        return workerCounts
+        let all = workers
+        lock.unlock()
+        return all.contains { AtomicMemory.load(from: $0.localCount, ordering: .sequentiallyConsistent) > 0 }
     }
 
     // MARK: Taking work
@@ -301,6 +300,20 @@ final class WorkerPool: @unchecked Sendable {
         standard.childAfterFork()
         low.childAfterFork()
         background.childAfterFork()
+    }
+
+    /// In the parent, just before `fork()`: runs, on nothing, the generic
+    /// code `childAfterFork` runs. A build without specialization (debug)
+    /// makes the type metadata of that code on its first run, under the
+    /// Swift runtime's locks; a child forked while another parent thread
+    /// held one of them would wait forever (seen: a debug child hung in the
+    /// `for` over the workers, in a conformance lookup). Made here, the
+    /// metadata is cached before the fork.
+    static func prepareForFork() {
+        let nobody: PoolWorker? = nil
+        let none: [PoolWorker] = nobody.map { [$0] } ?? []
+        for worker in none where worker !== nobody { _ = worker }
+        _ = nobody.flatMap { $0.pool === standard ? $0 : nil }
     }
 
     /// In a child after `fork()`: the workers are gone (only the forking

@@ -49,6 +49,7 @@ enum ForkHandlers {
         _ = FileSystemWatch.Registry.shared
         _ = TimerQueue.shared
         _ = TimerWatch.WallClockRegistry.shared
+        WorkerPool.prepareForFork()
     }
 
     private static func child() {
