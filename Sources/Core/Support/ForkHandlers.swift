@@ -21,7 +21,13 @@ import Glibc
 /// The child handler takes no lock: a lock of Spindle's that a thread of the
 /// parent held at the fork is replaced, not waited for. It allocates only
 /// that lock (glibc's malloc is usable in the child of a multithreaded
-/// process).
+/// process). Nor may it make type metadata or look up a conformance: those
+/// take the Swift runtime's locks, which a parent thread may have held at
+/// the fork and nobody releases in the child. So `prepare` makes, in the
+/// parent, what the child handler would (the lazy globals, and the generic
+/// code of `WorkerPool.childAfterFork` run on nothing). The same limit
+/// holds for any Swift code the child runs later, which Spindle cannot
+/// lift.
 enum ForkHandlers {
     /// Installs the handlers; later calls do nothing.
     static func install() { _ = installed }
