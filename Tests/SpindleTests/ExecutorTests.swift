@@ -241,7 +241,11 @@ struct ExecutorTests {
                 outcome.withLock { $0 = false }
             }
         }
-        let deadline = MonotonicClock.now.advanced(by: .seconds(10))
+        // Generous: the tasks run on the default executor, whose two
+        // threads here are shared with every test running in parallel, and a
+        // synchronous test holds one for its whole run (this check took 35-49
+        // s in full runs, 8 ms alone).
+        let deadline = MonotonicClock.now.advanced(by: .seconds(90))
         while outcome.withLock({ $0 }) == nil && MonotonicClock.now < deadline {
             try? await Task.sleep(for: .milliseconds(1))
         }
