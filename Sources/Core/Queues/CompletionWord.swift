@@ -63,8 +63,8 @@ final class PendingNotifications: @unchecked Sendable {
     func fire() {
         lock.lock()
         let head = first.take()
-        let rest = more.isEmpty ? [] : more
-        if !rest.isEmpty { more = [] }
+        let rest = more
+        more = []
         lock.unlock()
         if let (queue, body) = head { queue.async(body) }
         for (queue, body) in rest { queue.async(body) }
