@@ -122,8 +122,8 @@ struct EventSourceClockChangeTests {
 }
 
 /// `clockChangeReachesTheParentAndTheForkedChild` in its own process: 0,
-/// or the failed check (8: the child was stuck and killed; 10 + the
-/// child's).
+/// or the failed check (8: the child was stuck and killed; 9: no pipe;
+/// 10 + the child's).
 private func clockChangeAcrossFork() -> Int32 {
     armHangAlarm(seconds: 30)
     let madeAt = MonotonicClock.now
@@ -135,20 +135,35 @@ private func clockChangeAcrossFork() -> Int32 {
     // kind then waits for good. Forking a multithreaded Swift process is
     // only as safe as that; this test is about the clock, not that hazard.
     _ = NativeThread.sleep(for: .milliseconds(200))
+    // The child keeps the clock set forward until the parent's timer has
+    // fired (a byte on this pipe) or 2 s pass: set back at once, the clock
+    // could be back before the parent's reactor looked at it.
+    var gate: [Int32] = [0, 0]
+    guard pipe(&gate) == 0 else { return 9 }
     let child = fork()
     if child == 0 {
         armHangAlarm(seconds: 30)
+        close(gate[1])
         let mineAt = MonotonicClock.now
         let mine = RecordedTimer(start: WallClock.now + .milliseconds(2500), on: .queue(WorkQueue(label: "clock.child")))
         let rc = stepWallClock(by: .seconds(3))
         if rc == EPERM { _exit(77) }
         guard rc == 0 else { _exit(2) }
         let fired = mine.called.wait(timeout: .milliseconds(1500))
+        let inTime = fired && MonotonicClock.now < mineAt.advanced(by: .milliseconds(2500))
+        var parentDone = pollfd(fd: gate[0], events: Int16(POLLIN), revents: 0)
+        _ = poll(&parentDone, 1, 2000)
         guard stepWallClock(by: .seconds(-3)) == 0 else { _exit(3) }
-        guard fired, MonotonicClock.now < mineAt.advanced(by: .milliseconds(2500)) else { _exit(4) }
+        guard inTime else { _exit(4) }
         _exit(0)
     }
+    close(gate[0])
     guard child > 0 else { return 5 }
+    let parentInTime = parent.called.wait(timeout: .seconds(2))
+        && MonotonicClock.now < madeAt.advanced(by: .milliseconds(2500))
+    var byte: UInt8 = 1
+    _ = write(gate[1], &byte, 1)
+    close(gate[1])
     // Bounded: a child stuck for good (see above) is killed, so that it does
     // not keep the test runner's output pipe open.
     var status: Int32 = 0
@@ -167,7 +182,7 @@ private func clockChangeAcrossFork() -> Int32 {
         return 0
     }
     guard code == 0 else { return 10 + code }
-    guard parent.called.wait(timeout: .seconds(1)), MonotonicClock.now < madeAt.advanced(by: .milliseconds(2500)) else { return 7 }
+    guard parentInTime else { return 7 }
     parent.source.cancel()
     return 0
 }
