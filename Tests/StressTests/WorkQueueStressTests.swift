@@ -301,6 +301,91 @@ struct WorkQueueStressTests {
         print("mix: \(threads) threads × \(operations) operations, \(workItems.count) work items kept (ThreadSanitizer: \(underThreadSanitizer))")
     }
 
+    /// The workers' local rings under every path at once: items on the
+    /// global queue fan out 600 children each (more than a ring's first 256
+    /// slots, so rings grow while thieves copy out of them), other workers
+    /// steal, every 7th child announces a blocking
+    /// region (the worker flushes its next-unit slot to the front of its
+    /// ring while thieves may be copying), and every child submits one
+    /// continuation (the next-unit slot). Then bursts of 200 children into
+    /// an idle pool (no lock on the way) and chains that flush
+    /// their slot while others steal. Submitters write each child's input
+    /// with a plain store before `async`, and the child reads it and writes
+    /// its own plain output word, which the test reads after the group's
+    /// wait: TSan flags a ring hand-off that does not order them (checked:
+    /// with the ring's `tail` store and the thief's load made relaxed, the
+    /// burst phase reports races). Afterwards every child, continuation and
+    /// link ran exactly once.
+    @Test func localRingsGrowAndAreStolenWithoutLosingAnItem() {
+        let parents = scaled(200, tsan: 60)
+        let fanOut = 600
+        let children = parents * fanOut
+        let input = Words(children)
+        let output = Words(children)
+        let continuations = Words(children)
+        let group = WorkGroup()
+        for p in 0..<parents {
+            WorkQueue.global().async(group: group) {
+                for c in 0..<fanOut {
+                    let i = p * fanOut + c
+                    input[i].pointee = i + 1
+                    WorkQueue.global().async(group: group) {
+                        if i % 7 == 0 { withBlockingRegion {} }
+                        output[i].pointee += input[i].pointee
+                        WorkQueue.global().async(group: group) { _ = continuations.add(i) }
+                    }
+                }
+            }
+        }
+        #expect(group.wait(timeout: .seconds(120)) == .completed)
+        var wrong: [Int] = []
+        for i in 0..<children where output[i].pointee != i + 1 || continuations.load(i) != 1 {
+            wrong.append(i)
+        }
+        #expect(wrong.isEmpty, "\(wrong.count) children ran other than once, first \(wrong.prefix(10))")
+
+        // Bursts into an empty pool: one item pushes 200 children into its
+        // ring (no growth, and no lock anywhere on the way) while the other
+        // workers, idle at the start of each round, wake and steal from it.
+        let rounds = scaled(400, tsan: 100)
+        let burst = 200
+        let burstInput = Words(rounds * burst)
+        let burstOutput = Words(rounds * burst)
+        for r in 0..<rounds {
+            let round = WorkGroup()
+            WorkQueue.global().async(group: round) {
+                for c in 0..<burst {
+                    let i = r * burst + c
+                    burstInput[i].pointee = i + 1
+                    WorkQueue.global().async(group: round) { burstOutput[i].pointee += burstInput[i].pointee }
+                }
+            }
+            #expect(round.wait(timeout: .seconds(60)) == .completed)
+        }
+        let missed = (0..<rounds * burst).filter { burstOutput[$0].pointee != $0 + 1 }
+        #expect(missed.isEmpty, "\(missed.count) burst children ran other than once, first \(missed.prefix(10))")
+
+        // Chains whose links each submit the next (into the next-unit slot,
+        // the ring being empty) and then announce a blocking region, which
+        // flushes the slot to the front of the ring while the other workers
+        // steal from it. Each chain's plain count is ordered link to link
+        // by the hand-off alone.
+        let chains = scaled(64, tsan: 16)
+        let length = scaled(2_000, tsan: 500)
+        let links = Words(chains)
+        let chainGroup = WorkGroup()
+        @Sendable func link(_ c: Int, _ left: Int) {
+            links[c].pointee += 1
+            if left > 1 { WorkQueue.global().async(group: chainGroup) { link(c, left - 1) } }
+            withBlockingRegion {}
+        }
+        for c in 0..<chains { WorkQueue.global().async(group: chainGroup) { link(c, length) } }
+        #expect(chainGroup.wait(timeout: .seconds(120)) == .completed)
+        let short = (0..<chains).filter { links[$0].pointee != length }
+        #expect(short.isEmpty, "chains \(short.prefix(10)) ran \(short.prefix(10).map { links[$0].pointee }) links of \(length)")
+        print("local rings: \(parents) × \(fanOut) children (ThreadSanitizer: \(underThreadSanitizer))")
+    }
+
     /// 1,000 items each wait on their own semaphore, which an item queued
     /// after all of them signals: all complete only if the pool grows past
     /// its width (within `compensationLimit`). When the extra workers have

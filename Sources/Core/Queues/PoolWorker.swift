@@ -4,9 +4,9 @@ import CShims
 /// that finds and runs work. Installed as its thread's `BlockingObserver`, so
 /// a blocking wait inside an item gives the worker's permit back to the pool.
 final class PoolWorker: BlockingObserver, @unchecked Sendable {
-    // @unchecked: `local` is guarded by `localLock`; `tick`, `isSearching`
-    // and `stealBuffer` are touched only by the worker's own thread; the park
-    // word is atomic.
+    // @unchecked: `ring` synchronizes itself (see `StealableRing`); `tick`,
+    // `isSearching`, `nextSlot` and `stealBuffer` are touched only by the
+    // worker's own thread; the park word is atomic.
 
     /// The worker's pool, unretained (the pools live for the whole
     /// process). The per-unit paths reach it through `withPool`, which costs
@@ -20,10 +20,9 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     /// Runs `body` with the pool at +0 (no retain, no release).
     @inline(__always)
     func withPool<R>(_ body: (WorkerPool) -> R) -> R { poolRef._withUnsafeGuaranteedRef(body) }
-    let local = WorkRing(capacity: 256, publishesCount: true)
-    /// `local`'s published count, for reads without touching the ring object.
-    let localCount: UnsafeMutablePointer<Int>
-    let localLock = GuardLock()
+    /// The worker's own units: it pushes and pops without a lock, others
+    /// steal the older half.
+    let ring = StealableRing()
     /// 0 running, 1 parked (futex word).
     private let parkWord: UnsafeMutablePointer<UInt32>
     private var tick = 0
@@ -43,7 +42,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     /// The workers' ring counts as of `pollGeneration` of the pool's worker
     /// list, for the spin before parking: rebuilt only when the list
     /// changed, so a spin allocates nothing. Owner thread only.
-    private var pollCounts: [UnsafeMutablePointer<Int>] = []
+    private var pollCounts: [UnsafeMutableRawPointer] = []
     private var pollGeneration = -1
     private var slotRuns = 0
     private static let slotLimit = 16
@@ -55,7 +54,6 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
 
     init(pool: WorkerPool) {
         poolRef = Unmanaged.passUnretained(pool)
-        localCount = local.publishedCount
         parkWord = allocateStableWords(byteCount: 4).assumingMemoryBound(to: UInt32.self)
         stealBuffer = .allocate(capacity: Self.stealLimit)
         stealSeed = UInt64(UInt(bitPattern: parkWord)) | 1
@@ -172,8 +170,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
             // injector) that another worker could take meanwhile; with
             // nothing else queued there is nobody to be fair to, and a
             // flush would only wake a worker to steal the chain.
-            if slotRuns >= Self.slotLimit
-                && (AtomicMemory.load(from: localCount, ordering: .relaxed) > 0 || withPool { $0.injectorHasWork })
+            if slotRuns >= Self.slotLimit && (!ring.isEmptyForOwner || withPool { $0.injectorHasWork })
             {
                 flushSlot()
             } else {
@@ -185,12 +182,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         slotRuns = 0
         if tick % 61 == 0, let unit = takeFromInjector(lane: defaultLane) { return (unit, defaultLane) }
         if let unit = takeFromInjector(lane: WorkerPool.highLane) { return (unit, WorkerPool.highLane) }
-        if AtomicMemory.load(from: localCount, ordering: .sequentiallyConsistent) > 0 {
-            localLock.lock()
-            let unit = local.popFront()
-            localLock.unlock()
-            if let unit { return (unit, defaultLane) }
-        }
+        if let unit = ring.pop() { return (unit, defaultLane) }
         if let unit = takeFromInjector(lane: defaultLane) { return (unit, defaultLane) }
         if let unit = steal() { return (unit, defaultLane) }
         return nil
@@ -209,53 +201,60 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         let start = nextVictim(all.count)
         for i in 0..<all.count {
             let victim = all[(start + i) % all.count]
-            if victim === self || AtomicMemory.load(from: victim.localCount, ordering: .sequentiallyConsistent) == 0 { continue }
-            victim.localLock.lock()
-            let n = victim.local.popFront(into: stealBuffer, limit: min(Self.stealLimit, (victim.local.count + 1) / 2))
-            victim.localLock.unlock()
+            if victim === self { continue }
+            let n = victim.ring.steal(into: stealBuffer, limit: Self.stealLimit)
             if n == 0 { continue }
             let first = stealBuffer.move()
-            if n > 1 {
-                localLock.lock()
-                for j in 1..<n { local.pushBack((stealBuffer + j).move()) }
-                localLock.unlock()
-            }
+            for j in 1..<n { ring.push((stealBuffer + j).move()) }
             return first
         }
         return nil
     }
 
+    /// Whether units are queued in this worker's ring (stale at once;
+    /// sequentially consistent loads, for the pool's wake-up checks).
+    var hasQueuedWork: Bool { ring.count > 0 }
+
     /// Pushes a unit submitted from this worker onto its own ring.
-    @inline(__always)
     /// Returns whether other workers should hear of it (false for the slot).
+    @inline(__always)
     func pushLocal(_ unit: consuming WorkUnit, mayUseSlot: Bool) -> Bool {
-        // Only this thread adds to its ring, so a zero count cannot grow
+        // Only this thread adds to its ring, so an empty one cannot fill
         // meanwhile.
-        if mayUseSlot && nextSlot == nil && AtomicMemory.load(from: localCount, ordering: .sequentiallyConsistent) == 0 {
+        if mayUseSlot && nextSlot == nil && ring.isEmptyForOwner {
             nextSlot = unit
             return false
         }
-        localLock.lock()
-        local.pushBack(unit)
-        localLock.unlock()
+        ring.push(unit)
         return true
     }
 
     /// Moves the slot's unit to the front of the ring, where others can
-    /// steal it, and tells them.
+    /// steal it, and tells them. If a steal in progress holds the ring's
+    /// front for long (its thief preempted), the unit goes to the pool's
+    /// injector instead: it may then start after units this worker
+    /// submitted later, as any unit a thief takes may.
     private func flushSlot() {
         guard let unit = nextSlot.take() else { return }
-        localLock.lock()
-        local.pushFront(unit)
-        localLock.unlock()
+        if let refused = ring.pushFront(unit) {
+            let pool = self.pool
+            pool.lock.lock()
+            pool.defaultInjector.pushBack(refused)
+            pool.lock.unlock()
+        }
         pool.notifyIfNeeded()
     }
 
     /// Moves up to `count` units into the ring (an injector batch).
     func adoptFromBuffer(_ count: Int) {
-        localLock.lock()
-        for j in 0..<count { local.pushBack((stealBuffer + j).move()) }
-        localLock.unlock()
+        for j in 0..<count { ring.push((stealBuffer + j).move()) }
+    }
+
+    /// Moves everything queued here to the pool's default injector, in
+    /// order. The caller holds the pool's lock. Owner only (or the child
+    /// after `fork()`, where the owner is gone).
+    func moveQueuedWork(to injector: WorkRing) {
+        while let unit = ring.pop() { injector.pushBack(unit) }
     }
 
     /// The pool's one spinner (whoever takes the spinner word) polls the
@@ -273,7 +272,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         // (Its own ring cannot fill meanwhile: only its own thread pushes.)
         let generation = AtomicMemory.load(from: pool.workersGeneration, ordering: .acquiring)
         if generation != pollGeneration {
-            pollCounts = pool.workerSnapshot().map(\.localCount)
+            pollCounts = pool.workerSnapshot().map(\.ring.indexWords)
             pollGeneration = generation
         }
         let others = pollCounts
@@ -291,7 +290,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
                 }
                 for _ in 0..<16 { spinLoopHint() }
             }
-            if others.contains(where: { AtomicMemory.load(from: $0, ordering: .relaxed) > 0 }) { return true }
+            if others.contains(where: { StealableRing.queuedCount(words: $0, ordering: .relaxed) > 0 }) { return true }
             if MonotonicClock.now >= deadline { return false }
         }
     }
@@ -371,9 +370,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         // A worker that parked because the pool was over width may still
         // hold units it pushed itself: they go to the injector, where the
         // remaining workers find them.
-        localLock.lock()
-        while let unit = local.popFront() { pool.defaultInjector.pushBack(unit) }
-        localLock.unlock()
+        moveQueuedWork(to: pool.defaultInjector)
         return true
     }
 

@@ -2,13 +2,13 @@
 /// at most one reference, stored by value (32 bytes), so that queuing it
 /// allocates nothing beyond the closure's own context.
 ///
-/// Why not an intrusive list or a lock-free deque of pointers: a Swift
-/// closure is two words (function and context) with no room for a link, and
-/// a lock-free work-stealing deque (Chase–Lev, Tokio's) needs one-word slots
-/// that a thief can read while the owner overwrites them. Either would need a
-/// node or box per submission, which is the allocation the queues promise not
-/// to make. So units live in growable rings under short, mostly uncontended
-/// locks (`WorkRing`).
+/// Why not an intrusive list: a Swift closure is two words (function and
+/// context) with no room for a link, and a node or box per submission is
+/// the allocation the queues promise not to make. So units live by value in
+/// rings: a queue's own ring and the pool's injector under short, mostly
+/// uncontended locks (`WorkRing`), and each worker's ring lock-free
+/// (`StealableRing`, whose index protocol keeps a thief's 32-byte copies
+/// apart from the owner's writes).
 enum WorkUnit {
     /// A closure submitted with `async`.
     case closure(@Sendable () -> Void)

@@ -13,9 +13,10 @@ import CShims
 ///   makes the pool over-full, finishes its item, and then parks if the pool
 ///   is over width (Go's `entersyscall`/`exitsyscall` hand-off of a P, with
 ///   the pool's lock instead of an atomic P list).
-/// - **Queues.** Each worker has a local ring; a worker that submits to its
-///   own pool pushes there (no shared lock: the submitter runs the work soon,
-///   on a warm cache). A continuation (an item's `async` onto a global queue,
+/// - **Queues.** Each worker has a local ring (`StealableRing`: the owner
+///   pushes and pops without a lock, a thief claims the older half with a
+///   compare-and-swap); a worker that submits to its own pool pushes there
+///   (the submitter runs the work soon, on a warm cache). A continuation (an item's `async` onto a global queue,
 ///   or the first drain of a serial queue) submitted while the ring is empty
 ///   goes to the worker's next-unit slot instead: no wake-up, not stealable,
 ///   so a chain of items stays on one worker (Tokio's LIFO slot, Go's
@@ -45,9 +46,9 @@ import CShims
 ///   worker beyond `width` (started to replace blocked ones) exits after
 ///   `idleExit` without work.
 ///
-/// Locks: the pool's lock (injector, idle list, worker list) and each
-/// worker's ring lock are `GuardLock`s (the plain mutex core), never held
-/// while running an item or while taking another of these locks.
+/// Locks: the pool's lock (injector, idle list, worker list) is a
+/// `GuardLock` (the plain mutex core), never held while running an item;
+/// the workers' rings take no lock.
 final class WorkerPool: @unchecked Sendable {
     // @unchecked: mutable state is guarded by `lock` (injector, idle, workers,
     // threadCount) or is atomic (`words`).
@@ -163,8 +164,9 @@ final class WorkerPool: @unchecked Sendable {
     // MARK: Submitting
 
     /// Queues `unit` to run on one of the pool's workers. Never blocks for
-    /// long (a short lock). Orders: everything before the call happens
-    /// before the unit runs (the ring's lock).
+    /// long (a short lock, or none). Orders: everything before the call
+    /// happens before the unit runs (the worker ring's sequentially
+    /// consistent `tail` store, or the injector's lock).
     func submit(_ unit: consuming WorkUnit, lane: Int, shared: Bool = false) {
         var unit: WorkUnit? = consume unit
         if lane == Self.defaultLane, let worker = PoolWorker.current(in: self) {
@@ -229,7 +231,7 @@ final class WorkerPool: @unchecked Sendable {
         lock.lock()
         let all = workers
         lock.unlock()
-        return all.contains { AtomicMemory.load(from: $0.localCount, ordering: .sequentiallyConsistent) > 0 }
+        return all.contains { $0.hasQueuedWork }
     }
 
     // MARK: Taking work
@@ -326,11 +328,10 @@ final class WorkerPool: @unchecked Sendable {
         // The forking thread may be one of this pool's workers, in the middle
         // of an item: it goes on as the child's only worker.
         let survivor = PoolWorker.current.flatMap { $0.pool === self ? $0 : nil }
-        for worker in workers where worker !== survivor {
-            worker.localLock.reinitializeAfterFork()
-            while let unit = worker.local.popFront() { defaultInjector.pushBack(unit) }
+        for worker in workers {
+            worker.ring.reclaimAfterFork()
+            if worker !== survivor { worker.moveQueuedWork(to: defaultInjector) }
         }
-        survivor?.localLock.reinitializeAfterFork()
         workers = survivor.map { [$0] } ?? []
         idle = []
         threadCount = workers.count
