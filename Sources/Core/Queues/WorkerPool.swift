@@ -86,9 +86,16 @@ final class WorkerPool: @unchecked Sendable {
         }
     }
 
-    static let standard = WorkerPool(band: .standard)
-    static let low = WorkerPool(band: .low)
-    static let background = WorkerPool(band: .background)
+    /// Immortal (`makeImmortal`), as the global queues that lead to them.
+    static let standard = WorkerPool.immortal(band: .standard)
+    static let low = WorkerPool.immortal(band: .low)
+    static let background = WorkerPool.immortal(band: .background)
+
+    private static func immortal(band: Band) -> WorkerPool {
+        let pool = WorkerPool(band: band)
+        makeImmortal(pool)
+        return pool
+    }
 
     /// At most this many workers beyond `width`, started while others block.
     /// Large enough that 1,000 items each waiting for a later item complete
