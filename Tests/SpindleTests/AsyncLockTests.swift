@@ -34,6 +34,20 @@ private func queueUp(
     }
 }
 
+/// A start line for a thread racing the test's task: the thread arrives and
+/// spins until the task opens the gate (the task opens it at once, so the
+/// spin is a few microseconds).
+private final class Gate: Sendable {
+    private let arrived = Atomic<Bool>(false)
+    private let opened = Atomic<Bool>(false)
+    var hasArrived: Bool { arrived.load(ordering: .acquiring) }
+    func arrive() {
+        arrived.store(true, ordering: .releasing)
+        while !opened.load(ordering: .acquiring) {}
+    }
+    func open() { opened.store(true, ordering: .releasing) }
+}
+
 /// State of an actor that an `AsyncLock` keeps consistent across awaits
 /// (the actor alone would not: it is reentrant at every `await`).
 actor PairedLog {
@@ -232,8 +246,16 @@ struct AsyncLockTests {
                 waiters.append(queueUp(lock, id: id, served))
                 #expect(await eventually { lock.waiterCount == id + 1 })
             }
+            // The canceller thread starts first and waits at a gate, so that
+            // its cancellations and the unlock start together.
             let cancelled = waiters[0..<2]
-            let canceller = startThread { for waiter in cancelled { waiter.cancel() } }
+            let gate = Gate()
+            let canceller = startThread {
+                gate.arrive()
+                for waiter in cancelled { waiter.cancel() }
+            }
+            while !gate.hasArrived { await Task.yield() }
+            gate.open()
             lock.unlock()
             canceller()
             for waiter in waiters { await waiter.value }
