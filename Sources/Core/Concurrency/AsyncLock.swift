@@ -38,8 +38,8 @@
 /// unlock a held lock (as with a binary semaphore), and unlocking on behalf
 /// of another holder is the caller's own bookkeeping. Not recursive: a task
 /// that calls `lock()` while it holds the lock waits for itself forever.
-/// Never use it from a thread outside Swift concurrency: it has no blocking
-/// form (use `Lock` there).
+/// It has no blocking form: code outside a task may call `tryLock()` and
+/// `unlock()` but cannot wait for the lock (use `Lock` between threads).
 public final class AsyncLock: @unchecked Sendable {
     // @unchecked: `waiters` is only touched holding the guard word
     // (`Words.guardWord`); everything else is the heap block `base`, reached
