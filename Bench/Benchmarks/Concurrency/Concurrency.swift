@@ -35,6 +35,15 @@
 //    withCheckedContinuation rendezvous; one operation is one hand-off (half
 //    a round trip). The Spindle row passes it through `await
 //    Semaphore.wait()` and `signal()`.
+// 5. concurrency.async lock: 2 or 4 tasks on the default executor each take
+//    a lock, add one to a shared counter and release it, over and over; one
+//    operation is one acquisition and release (the counter is checked at
+//    the end). Spindle's AsyncLock (`await lock()` / `unlock()`) beside an
+//    actor-serialized counter [ref] (what a Swift user reaches for first),
+//    `Semaphore(value: 1)` used as a binary semaphore (`await wait()` /
+//    `signal()`), and Spindle.Lock's `withLock` (a thread lock: fine only
+//    because this critical section has no `await` in it; an AsyncLock's
+//    critical section may have one).
 //
 // A benchmark body is synchronous, so each iteration starts one driver task
 // and the benchmark thread waits for it on a Spindle.Semaphore (30 s limit,
@@ -193,6 +202,32 @@ final class ContinuationHandoff: @unchecked Sendable {
                 precondition(waiter == nil, "ContinuationHandoff: two waiters")
                 waiter = continuation
                 lock.unlock()
+            }
+        }
+    }
+}
+
+// MARK: - 5. Async locks
+
+/// The counter the async-lock rows guard with their lock; the lock is what
+/// makes its unsynchronized access safe.
+final class GuardedCounter: @unchecked Sendable {
+    // @unchecked: `value` is only touched holding the row's lock.
+    var value = 0
+}
+
+actor CountingActor {
+    var value = 0
+    func increment() { value &+= 1 }
+}
+
+/// Runs `tasks` child tasks (on the default executor), each calling `body`
+/// `operations / tasks` times, and waits for them.
+func contend(tasks: Int, operations: Int, _ body: @escaping @Sendable () async -> Void) async {
+    await withTaskGroup(of: Void.self) { group in
+        for _ in 0..<tasks {
+            group.addTask {
+                for _ in 0..<(operations / tasks) { await body() }
             }
         }
     }
@@ -429,6 +464,70 @@ let benchmarks: @Sendable () -> Void = {
                             await toDriver.wait()
                         }
                         await partner.value
+                    }
+                },
+            ])
+    }
+
+    // MARK: 5. Contended async locks
+
+    for tasks in [2, 4] {
+        let group = "concurrency.async lock \(tasks) tasks"
+        sideBySide(
+            group: group, settings: kiloOperations,
+            implementations: [
+                Implementation("Spindle.AsyncLock", isReference: false) { benchmark in
+                    let n = benchmark.scaledIterations.count
+                    runTask("\(group)/Spindle.AsyncLock") {
+                        let lock = AsyncLock()
+                        let counter = GuardedCounter()
+                        // Never cancelled: `lock()` cannot throw here.
+                        await contend(tasks: tasks, operations: n) {
+                            try! await lock.lock()
+                            counter.value &+= 1
+                            lock.unlock()
+                        }
+                        if counter.value != n / tasks * tasks {
+                            report("\(group)/Spindle.AsyncLock: count \(counter.value), expected \(n / tasks * tasks)")
+                        }
+                    }
+                },
+                .reference("actor") { benchmark in
+                    let n = benchmark.scaledIterations.count
+                    runTask("\(group)/actor") {
+                        let counter = CountingActor()
+                        await contend(tasks: tasks, operations: n) { await counter.increment() }
+                        if await counter.value != n / tasks * tasks {
+                            report("\(group)/actor: count \(await counter.value), expected \(n / tasks * tasks)")
+                        }
+                    }
+                },
+                .peer("Spindle.Semaphore binary") { benchmark in
+                    let n = benchmark.scaledIterations.count
+                    runTask("\(group)/Spindle.Semaphore binary") {
+                        let semaphore = Spindle.Semaphore(value: 1)
+                        let counter = GuardedCounter()
+                        await contend(tasks: tasks, operations: n) {
+                            try! await semaphore.wait()
+                            counter.value &+= 1
+                            semaphore.signal()
+                        }
+                        if counter.value != n / tasks * tasks {
+                            report("\(group)/Spindle.Semaphore binary: count \(counter.value), expected \(n / tasks * tasks)")
+                        }
+                    }
+                },
+                .peer("Spindle.Lock no await inside") { benchmark in
+                    let n = benchmark.scaledIterations.count
+                    runTask("\(group)/Spindle.Lock no await inside") {
+                        let lock = Spindle.Lock()
+                        let counter = GuardedCounter()
+                        await contend(tasks: tasks, operations: n) {
+                            lock.withLock { counter.value &+= 1 }
+                        }
+                        if counter.value != n / tasks * tasks {
+                            report("\(group)/Spindle.Lock no await inside: count \(counter.value), expected \(n / tasks * tasks)")
+                        }
                     }
                 },
             ])
