@@ -16,8 +16,9 @@ import CShims
 /// - **Queues.** Each worker has a local ring (`StealableRing`: the owner
 ///   pushes and pops without a lock, a thief claims the older half with a
 ///   compare-and-swap); a worker that submits to its own pool pushes there
-///   (the submitter runs the work soon, on a warm cache). A continuation (an item's `async` onto a global queue,
-///   or the first drain of a serial queue) submitted while the ring is empty
+///   (the submitter runs the work soon, on a warm cache). A continuation
+///   (an item's `async` onto a global queue, or the first drain of a
+///   serial queue) submitted while the ring is empty
 ///   goes to the worker's next-unit slot instead: no wake-up, not stealable,
 ///   so a chain of items stays on one worker (Tokio's LIFO slot, Go's
 ///   `runnext`); the slot is flushed to the ring when the item blocks or the
