@@ -214,12 +214,16 @@ struct NamedPortTests {
         try owner.finish()
     }
 
-    /// A connection that sends a malformed record is closed, and only it:
-    /// another sender's messages still arrive.
+    /// A connection that sends a malformed record is closed, and only it,
+    /// and the drop handler hears of it as `.malformed`: another sender's
+    /// messages still arrive, and its own close is no drop.
     @Test func aMalformedMessageClosesOnlyItsConnection() throws {
         let name = uniqueName("malformed")
         let got = LockedValue<[UInt32]>([])
-        let owner = try Owner(NamedPort(name: name) { m in got.withLock { $0.append(m.id) }; return nil })
+        let drops = LockedValue<[PortError]>([])
+        let namedPort = try NamedPort(name: name) { m in got.withLock { $0.append(m.id) }; return nil }
+        namedPort.onDroppedConnection { error in drops.withLock { $0.append(error) } }
+        let owner = try Owner(namedPort)
         let good = try RemotePort.lookup(name)
         // A raw connection: read the greeting, then send garbage.
         let address = Array("spindle.\(geteuid()).\(name)".utf8)
@@ -238,6 +242,11 @@ struct NamedPortTests {
         _ = try good.sendRequest(PortEnvelope(id: 6), timeout: .seconds(1), replyTimeout: .seconds(5))
         #expect(got.withLock { $0 } == [5, 6])
         #expect(owner.port.malformedMessages == 1)
+        good.invalidate()
+        #expect(eventually { owner.port.connectionCount == 0 })
+        let reasons = drops.withLock { $0 }
+        #expect(reasons.count == 1, "\(reasons)")
+        if let reason = reasons.first, case .malformed = reason {} else { Issue.record("dropped for \(reasons), not as malformed") }
         try owner.finish()
     }
 

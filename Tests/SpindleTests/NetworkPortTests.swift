@@ -77,11 +77,16 @@ struct NetworkPortTests {
     }
 
     /// An oversize length, a record that does not add up, and a stream cut
-    /// in the middle of a frame each close their own connection only; a
-    /// well-behaved sender on another connection is still served.
+    /// in the middle of a frame each close their own connection only, and
+    /// each reaches the drop handler as `.malformed`; a well-behaved sender
+    /// on another connection is still served, and its clean close is no
+    /// drop.
     @Test func badFramesCloseOnlyTheirConnection() throws {
         let got = LockedValue<[UInt32]>([])
-        let listener = try Listener(NetworkPort { m in got.withLock { $0.append(m.id) }; return nil })
+        let drops = LockedValue<[PortError]>([])
+        let networkPort = try NetworkPort { m in got.withLock { $0.append(m.id) }; return nil }
+        networkPort.onDroppedConnection { error in drops.withLock { $0.append(error) } }
+        let listener = try Listener(networkPort)
         let port = listener.port.port
         let good = try RemotePort.connect(host: "127.0.0.1", port: port)
         try good.send(PortEnvelope(id: 1), timeout: .seconds(5))
@@ -111,6 +116,17 @@ struct NetworkPortTests {
         try good.send(PortEnvelope(id: 2), timeout: .seconds(5))
         _ = try good.sendRequest(PortEnvelope(id: 3), timeout: .seconds(5), replyTimeout: .seconds(10))
         #expect(got.withLock { $0 } == [1, 2, 3])
+        good.invalidate()
+        #expect(eventually { listener.port.connectionCount == 0 })
+        let reasons = drops.withLock { $0 }
+        #expect(reasons.count == 3, "\(reasons)")
+        for reason in reasons {
+            guard case .malformed = reason else {
+                Issue.record("dropped for \(reason), not as malformed")
+                continue
+            }
+        }
+        #expect(reasons.last == .malformed("the stream ended in the middle of a frame"))
         try listener.finish()
     }
 
@@ -183,7 +199,10 @@ struct NetworkPortStallTests {
     @Test(arguments: availableBackends)
     func aStalledPartialFrameClosesOnlyItsConnection(kind: EventBackendKind) throws {
         let limit = Duration.milliseconds(200)
-        let listener = try Listener(NetworkPort(stallLimit: limit) { m in PortEnvelope(id: m.id + 1) }, backend: kind)
+        let drops = LockedValue<[PortError]>([])
+        let networkPort = try NetworkPort(stallLimit: limit) { m in PortEnvelope(id: m.id + 1) }
+        networkPort.onDroppedConnection { error in drops.withLock { $0.append(error) } }
+        let listener = try Listener(networkPort, backend: kind)
         #expect(listener.port.stallLimit == limit)
         let good = try RemotePort.connect(host: "127.0.0.1", port: listener.port.port)
         var nextID: UInt32 = 0
@@ -204,6 +223,7 @@ struct NetworkPortStallTests {
         close(stalled)
         #expect(eventually { listener.port.stalledFrames == 1 && listener.port.connectionCount == 1 })
         #expect(listener.port.malformedFrames == 0)
+        #expect(drops.withLock { $0 } == [.frameStalled(after: limit)])
 
         try exchange()
         good.invalidate()

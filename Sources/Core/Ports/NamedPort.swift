@@ -47,7 +47,8 @@
 /// the requester's buffer (a requester that stopped reading loses its
 /// connection). A malformed or truncated message is an error on its
 /// connection only: that connection is closed, counted in
-/// `malformedMessages`, and the others go on. A message is one sequenced
+/// `malformedMessages`, reported to the handlers given to
+/// `onDroppedConnection(_:)`, and the others go on. A message is one sequenced
 /// packet, which the kernel hands over whole or not at all, so no
 /// connection ever holds part of one: unlike a `NetworkPort`, the port has
 /// no stalled frames to time out.
@@ -111,6 +112,7 @@ public final class NamedPort: @unchecked Sendable {
         var connections: [Int32: LoopSource] = [:]
         var membership = PortLoopMembership()
         var invalidationHandlers: [@Sendable (NamedPort) -> Void] = []
+        var dropHandlers: [@Sendable (PortError) -> Void] = []
         var refused = 0
         var malformed = 0
     }
@@ -171,6 +173,19 @@ public final class NamedPort: @unchecked Sendable {
     /// Connections closed because they sent a malformed message.
     public var malformedMessages: Int { lock.withLock { state.malformed } }
 
+    /// Runs `handler` each time the port closes a connection on its own
+    /// account, on the thread of the loop the port is in, with why:
+    /// `.malformed` for a message that is truncated or does not add up, or
+    /// a kind a listening port never receives (each also counted in
+    /// `malformedMessages`); the send's error for a greeting or a reply that
+    /// could not be sent. Not for a peer that closes its end, nor for the
+    /// port's own invalidation, nor for a refused user (counted in
+    /// `refusedConnections`). Handlers run in the order added; add them
+    /// before the port starts receiving to see every closing. Any thread.
+    public func onDroppedConnection(_ handler: @escaping @Sendable (PortError) -> Void) {
+        lock.withLock { state.dropHandlers.append(handler) }
+    }
+
     /// How many processes (or send rights) are connected right now.
     public var connectionCount: Int { lock.withLock { state.connections.count } }
 
@@ -224,16 +239,20 @@ public final class NamedPort: @unchecked Sendable {
         if let loop { for m in modes { loop.add(source, forMode: m) } }
     }
 
-    /// Closes one connection (its peer gone, or misbehaving).
-    private func drop(_ fd: Int32, malformed: Bool = false) {
-        let source: LoopSource? = lock.withLock {
+    /// Closes one connection (its peer gone, or misbehaving), counts it in
+    /// `malformedMessages` if `malformed`, and tells the drop handlers
+    /// `reason` (nil: the peer closed its end, told to nobody).
+    private func drop(_ fd: Int32, malformed: Bool = false, reason: PortError? = nil) {
+        let dropped: (LoopSource, [@Sendable (PortError) -> Void])? = lock.withLock {
+            guard let source = state.connections.removeValue(forKey: fd) else { return nil }
             if malformed { state.malformed += 1 }
-            return state.connections.removeValue(forKey: fd)
+            return (source, state.dropHandlers)
         }
-        guard let source else { return }
+        guard let (source, handlers) = dropped else { return }
         source.invalidate()
         PortSocketCalls.shutdown(fd)
         PortSocketCalls.close(fd)
+        if let reason { for handler in handlers { handler(reason) } }
     }
 
     // MARK: Receiving (the loop's thread)
@@ -257,7 +276,7 @@ public final class NamedPort: @unchecked Sendable {
             do throws(PortError) {
                 try PortSocketCalls.send(fd, PortWire.bare(.welcome), fds: [], before: .now)
             } catch {
-                drop(fd)
+                drop(fd, reason: error)
             }
         }
     }
@@ -274,14 +293,14 @@ public final class NamedPort: @unchecked Sendable {
         case .record(let count, let fds, let truncated):
             guard !truncated else {
                 PortSocketCalls.close(fds)
-                drop(fd, malformed: true)
+                drop(fd, malformed: true, reason: .malformed("a message longer than the port's buffer, cut short"))
                 return
             }
             let decoded: PortWire.Decoded
             do throws(PortError) {
                 decoded = try PortWire.decode(UnsafeRawBufferPointer(buffer), count: count, fds: fds)
             } catch {
-                drop(fd, malformed: true)
+                drop(fd, malformed: true, reason: error)
                 return
             }
             switch decoded.kind {
@@ -294,10 +313,10 @@ public final class NamedPort: @unchecked Sendable {
                     defer { PortSocketCalls.close(record.fds) }
                     try PortSocketCalls.send(fd, record.bytes, fds: record.fds, before: MonotonicClock.now.advanced(by: .seconds(1)))
                 } catch {
-                    drop(fd)
+                    drop(fd, reason: error)
                 }
             case .reply, .welcome, .refused:
-                drop(fd, malformed: true)
+                drop(fd, malformed: true, reason: .malformed("a \(decoded.kind) message, which a listening port never receives"))
             }
         }
     }

@@ -24,7 +24,8 @@
 /// over the limit, a record that does not add up, or a stream that ends in
 /// the middle of a frame is an error on that connection only: it is
 /// closed and counted in `malformedFrames`, and the port and its other
-/// connections go on.
+/// connections go on. Handlers given to `onDroppedConnection(_:)` learn of
+/// each such closing, with a `PortError` that says why.
 ///
 /// ## Stalled frames
 ///
@@ -117,6 +118,7 @@ public final class NetworkPort: @unchecked Sendable {
         var connections: [Int32: Connection] = [:]
         var membership = PortLoopMembership()
         var invalidationHandlers: [@Sendable (NetworkPort) -> Void] = []
+        var dropHandlers: [@Sendable (PortError) -> Void] = []
         var malformed = 0
         var stalled = 0
     }
@@ -173,6 +175,20 @@ public final class NetworkPort: @unchecked Sendable {
     /// Connections closed because they held part of a frame and sent
     /// nothing for longer than `stallLimit`.
     public var stalledFrames: Int { lock.withLock { state.stalled } }
+
+    /// Runs `handler` each time the port closes a connection on its own
+    /// account, on the thread of the loop the port is in, with why:
+    /// `.malformed` for a frame that is oversize, does not add up or is cut
+    /// short by the end of the stream (each also counted in
+    /// `malformedFrames`); `.frameStalled` for a partial frame silent past
+    /// `stallLimit` (counted in `stalledFrames`); the send's error for a
+    /// reply that could not be sent. Not for a sender that closes between
+    /// frames, nor for the port's own invalidation. Handlers run in the
+    /// order added; add them before the port starts receiving to see every
+    /// closing. Any thread.
+    public func onDroppedConnection(_ handler: @escaping @Sendable (PortError) -> Void) {
+        lock.withLock { state.dropHandlers.append(handler) }
+    }
 
     /// How many senders are connected right now.
     public var connectionCount: Int { lock.withLock { state.connections.count } }
@@ -232,13 +248,18 @@ public final class NetworkPort: @unchecked Sendable {
         }
     }
 
-    private func drop(_ fd: Int32, malformed: Bool) {
-        let connection: Connection? = lock.withLock {
+    /// Closes a connection the port gives up on, counts it in
+    /// `malformedFrames` if `malformed`, and tells the drop handlers
+    /// `reason` (nil: a sender's own clean close, told to nobody).
+    private func drop(_ fd: Int32, malformed: Bool, reason: PortError?) {
+        let dropped: (Connection, [@Sendable (PortError) -> Void])? = lock.withLock {
+            guard let connection = state.connections.removeValue(forKey: fd) else { return nil }
             if malformed { state.malformed += 1 }
-            return state.connections.removeValue(forKey: fd)
+            return (connection, state.dropHandlers)
         }
-        guard let connection else { return }
+        guard let (connection, handlers) = dropped else { return }
         Self.close(fd, source: connection.source)
+        if let reason { for handler in handlers { handler(reason) } }
     }
 
     /// Ends a descriptor source and its socket. Shut down before closing,
@@ -275,7 +296,7 @@ public final class NetworkPort: @unchecked Sendable {
         guard let stallLimit else { return }
         let now = MonotonicClock.now
         var next = MonotonicClock.Instant.distantFuture
-        let stalled: [Int32: Connection] = lock.withLock {
+        let (stalled, handlers): ([Int32: Connection], [@Sendable (PortError) -> Void]) = lock.withLock {
             var stalled: [Int32: Connection] = [:]
             for (fd, connection) in state.connections where connection.frames.hasPartialFrame {
                 let due = connection.lastBytes + stallLimit
@@ -287,9 +308,12 @@ public final class NetworkPort: @unchecked Sendable {
             }
             for fd in stalled.keys { state.connections[fd] = nil }
             state.stalled += stalled.count
-            return stalled
+            return (stalled, state.dropHandlers)
         }
-        for (fd, connection) in stalled { Self.close(fd, source: connection.source) }
+        for (fd, connection) in stalled {
+            Self.close(fd, source: connection.source)
+            for handler in handlers { handler(.frameStalled(after: stallLimit)) }
+        }
         sweep.fireDate = next
     }
 
@@ -301,7 +325,7 @@ public final class NetworkPort: @unchecked Sendable {
             return
         case .closed:
             let partial = lock.withLock { state.connections[fd]?.frames.hasPartialFrame ?? false }
-            drop(fd, malformed: partial)
+            drop(fd, malformed: partial, reason: partial ? .malformed("the stream ended in the middle of a frame") : nil)
             return
         case .bytes(let n):
             let ok: Bool = lock.withLock {
@@ -327,8 +351,8 @@ public final class NetworkPort: @unchecked Sendable {
             case .success(nil):
                 watchForStall(fd)
                 return
-            case .failure:
-                drop(fd, malformed: true)
+            case .failure(let error):
+                drop(fd, malformed: true, reason: error)
                 return
             }
             let decoded: PortWire.Decoded
@@ -340,7 +364,7 @@ public final class NetworkPort: @unchecked Sendable {
                     decoded = PortWire.Decoded(kind: .oneWay, sequence: 0, envelope: try FoundationPortWire.decode(frame))
                 }
             } catch {
-                drop(fd, malformed: true)
+                drop(fd, malformed: true, reason: error)
                 return
             }
             switch decoded.kind {
@@ -352,11 +376,11 @@ public final class NetworkPort: @unchecked Sendable {
                     let record = try PortWire.encode(reply, kind: .reply, sequence: decoded.sequence, descriptors: false)
                     try PortSocketCalls.streamSendAll(fd, PortWire.frame(record.bytes), before: MonotonicClock.now.advanced(by: .seconds(1)))
                 } catch {
-                    drop(fd, malformed: false)
+                    drop(fd, malformed: false, reason: error)
                     return
                 }
             case .reply, .welcome, .refused:
-                drop(fd, malformed: true)
+                drop(fd, malformed: true, reason: .malformed("a \(decoded.kind) frame, which a listening port never receives"))
                 return
             }
         }

@@ -45,6 +45,10 @@ public enum PortError: Error, Sendable, Hashable, CustomStringConvertible {
     /// The peer sent bytes that are not a well-formed port message; the
     /// connection was closed.
     case malformed(String)
+    /// The peer sent part of a frame and then nothing for longer than the
+    /// port's stall limit (`NetworkPort.stallLimit`); the connection was
+    /// closed.
+    case frameStalled(after: Duration)
     /// The kernel refused a call the port needed (out of descriptors or
     /// memory, say).
     case system(SystemCallError)
@@ -77,6 +81,8 @@ public enum PortError: Error, Sendable, Hashable, CustomStringConvertible {
             "Foundation's SocketPort wire format cannot carry \(what); nothing was sent"
         case .malformed(let why):
             "malformed port message: \(why)"
+        case .frameStalled(let limit):
+            "a frame stalled: part of it arrived, then nothing for longer than \(limit); the connection was closed"
         case .system(let error):
             error.description
         }
