@@ -174,7 +174,8 @@ public final class NamedPort: @unchecked Sendable {
     public var malformedMessages: Int { lock.withLock { state.malformed } }
 
     /// Runs `handler` each time the port closes a connection on its own
-    /// account, on the thread of the loop the port is in, with why:
+    /// account, on the thread of the loop the port is in, once the
+    /// connection is closed and counted, with why:
     /// `.malformed` for a message that is truncated or does not add up, or
     /// a kind a listening port never receives (each also counted in
     /// `malformedMessages`); the send's error for a greeting or a reply that

@@ -177,7 +177,8 @@ public final class NetworkPort: @unchecked Sendable {
     public var stalledFrames: Int { lock.withLock { state.stalled } }
 
     /// Runs `handler` each time the port closes a connection on its own
-    /// account, on the thread of the loop the port is in, with why:
+    /// account, on the thread of the loop the port is in, once the
+    /// connection is closed and counted, with why:
     /// `.malformed` for a frame that is oversize, does not add up or is cut
     /// short by the end of the stream (each also counted in
     /// `malformedFrames`); `.frameStalled` for a partial frame silent past
