@@ -233,6 +233,21 @@ func contend(tasks: Int, operations: Int, _ body: @escaping @Sendable () async -
     }
 }
 
+/// One iteration of a contended-lock row: `tasks` tasks each call
+/// `increment` `operations / tasks` times on one `GuardedCounter`, which
+/// `increment` must add one to under the lock the row measures; a wrong
+/// count is reported on stderr.
+func countUnderLock(
+    _ what: String, tasks: Int, operations: Int, _ increment: @escaping @Sendable (GuardedCounter) async -> Void
+) {
+    runTask(what) {
+        let counter = GuardedCounter()
+        await contend(tasks: tasks, operations: operations) { await increment(counter) }
+        let expected = operations / tasks * tasks
+        if counter.value != expected { report("\(what): count \(counter.value), expected \(expected)") }
+    }
+}
+
 // MARK: - Registration
 
 let benchmarks: @Sendable () -> Void = {
@@ -477,19 +492,12 @@ let benchmarks: @Sendable () -> Void = {
             group: group, settings: kiloOperations,
             implementations: [
                 Implementation("Spindle.AsyncLock", isReference: false) { benchmark in
-                    let n = benchmark.scaledIterations.count
-                    runTask("\(group)/Spindle.AsyncLock") {
-                        let lock = AsyncLock()
-                        let counter = GuardedCounter()
+                    let lock = AsyncLock()
+                    countUnderLock("\(group)/Spindle.AsyncLock", tasks: tasks, operations: benchmark.scaledIterations.count) { counter in
                         // Never cancelled: `lock()` cannot throw here.
-                        await contend(tasks: tasks, operations: n) {
-                            try! await lock.lock()
-                            counter.value &+= 1
-                            lock.unlock()
-                        }
-                        if counter.value != n / tasks * tasks {
-                            report("\(group)/Spindle.AsyncLock: count \(counter.value), expected \(n / tasks * tasks)")
-                        }
+                        try! await lock.lock()
+                        counter.value &+= 1
+                        lock.unlock()
                     }
                 },
                 .reference("actor") { benchmark in
@@ -503,31 +511,17 @@ let benchmarks: @Sendable () -> Void = {
                     }
                 },
                 .peer("Spindle.Semaphore binary") { benchmark in
-                    let n = benchmark.scaledIterations.count
-                    runTask("\(group)/Spindle.Semaphore binary") {
-                        let semaphore = Spindle.Semaphore(value: 1)
-                        let counter = GuardedCounter()
-                        await contend(tasks: tasks, operations: n) {
-                            try! await semaphore.wait()
-                            counter.value &+= 1
-                            semaphore.signal()
-                        }
-                        if counter.value != n / tasks * tasks {
-                            report("\(group)/Spindle.Semaphore binary: count \(counter.value), expected \(n / tasks * tasks)")
-                        }
+                    let semaphore = Spindle.Semaphore(value: 1)
+                    countUnderLock("\(group)/Spindle.Semaphore binary", tasks: tasks, operations: benchmark.scaledIterations.count) { counter in
+                        try! await semaphore.wait()
+                        counter.value &+= 1
+                        semaphore.signal()
                     }
                 },
                 .peer("Spindle.Lock no await inside") { benchmark in
-                    let n = benchmark.scaledIterations.count
-                    runTask("\(group)/Spindle.Lock no await inside") {
-                        let lock = Spindle.Lock()
-                        let counter = GuardedCounter()
-                        await contend(tasks: tasks, operations: n) {
-                            lock.withLock { counter.value &+= 1 }
-                        }
-                        if counter.value != n / tasks * tasks {
-                            report("\(group)/Spindle.Lock no await inside: count \(counter.value), expected \(n / tasks * tasks)")
-                        }
+                    let lock = Spindle.Lock()
+                    countUnderLock("\(group)/Spindle.Lock no await inside", tasks: tasks, operations: benchmark.scaledIterations.count) { counter in
+                        lock.withLock { counter.value &+= 1 }
                     }
                 },
             ])

@@ -205,7 +205,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
             let n = victim.ring.steal(into: stealBuffer, limit: Self.stealLimit)
             if n == 0 { continue }
             let first = stealBuffer.move()
-            for j in 1..<n { ring.push((stealBuffer + j).move()) }
+            ring.push(movingFrom: stealBuffer + 1, count: n - 1)
             return first
         }
         return nil
@@ -247,7 +247,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
 
     /// Moves up to `count` units into the ring (an injector batch).
     func adoptFromBuffer(_ count: Int) {
-        for j in 0..<count { ring.push((stealBuffer + j).move()) }
+        ring.push(movingFrom: stealBuffer, count: count)
     }
 
     /// Moves everything queued here to the pool's default injector, in

@@ -238,6 +238,20 @@ final class StealableRing {
         AtomicMemory.store(end &+ 1, to: tail, ordering: .sequentiallyConsistent)
     }
 
+    /// Appends `count` units moved out of `units`, in order, with one
+    /// store of `tail` for all of them (a batch taken by a steal or from
+    /// the injector). Owner only.
+    func push(movingFrom units: UnsafeMutablePointer<WorkUnit>, count: Int) {
+        guard count > 0 else { return }
+        let steal = Self.unpack(AtomicMemory.load(from: head, ordering: .acquiring)).steal
+        let end = AtomicMemory.load(from: tail, ordering: .relaxed)
+        while Int(end &- steal) + count > Int(mask) + 1 { grow(from: steal, to: end) }
+        for i in 0..<count {
+            (slots + Int((end &+ UInt32(i)) & mask)).initialize(to: (units + i).move())
+        }
+        AtomicMemory.store(end &+ UInt32(count), to: tail, ordering: .sequentiallyConsistent)
+    }
+
     /// Removes the front unit. Owner only.
     @inline(__always)
     func pop() -> WorkUnit? {

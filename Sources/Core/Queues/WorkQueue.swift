@@ -184,11 +184,7 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     // MARK: The shared queues
 
     /// Immortal (`makeImmortal`): every submitter retains them.
-    private static let globals: [WorkQueue] = Priority.allCases.map {
-        let queue = WorkQueue(global: $0)
-        makeImmortal(queue)
-        return queue
-    }
+    private static let globals: [WorkQueue] = Priority.allCases.map { makeImmortal(WorkQueue(global: $0)) }
 
     /// The shared concurrent queue of `priority`. Always the same object.
     public static func global(_ priority: Priority = .default) -> WorkQueue {
@@ -198,11 +194,8 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     /// The serial queue whose items run on the main thread, drained by
     /// `ThreadLoop.main` in its common modes (one custom source there, added
     /// the first time an item is queued) or by `runMain()`.
-    public static let main: WorkQueue = {
-        let queue = WorkQueue(mainQueue: ())
-        makeImmortal(queue)
-        return queue
-    }()
+    /// Immortal, as the global queues.
+    public static let main = makeImmortal(WorkQueue(mainQueue: ()))
 
     /// Runs the main thread's loop forever, so that the main queue's items
     /// (and every other source of the main loop) run: the guide's "drain the

@@ -88,15 +88,9 @@ final class WorkerPool: @unchecked Sendable {
     }
 
     /// Immortal (`makeImmortal`), as the global queues that lead to them.
-    static let standard = WorkerPool.immortal(band: .standard)
-    static let low = WorkerPool.immortal(band: .low)
-    static let background = WorkerPool.immortal(band: .background)
-
-    private static func immortal(band: Band) -> WorkerPool {
-        let pool = WorkerPool(band: band)
-        makeImmortal(pool)
-        return pool
-    }
+    static let standard = makeImmortal(WorkerPool(band: .standard))
+    static let low = makeImmortal(WorkerPool(band: .low))
+    static let background = makeImmortal(WorkerPool(band: .background))
 
     /// At most this many workers beyond `width`, started while others block.
     /// Large enough that 1,000 items each waiting for a later item complete

@@ -14,7 +14,8 @@ private func swiftRuntimeImmortalize(_ object: UnsafeMutableRawPointer)
 /// reference) writes the queue's header, and two workers submitting at once
 /// pass that cache line back and forth (in a skynet profile the load of a
 /// field beside the header was 92% of `async`'s own time). Such an object is
-/// never freed, which for these it never was.
-func makeImmortal(_ object: AnyObject) {
+/// never freed, which for these it never was. Returns `object`.
+func makeImmortal<Object: AnyObject>(_ object: Object) -> Object {
     swiftRuntimeImmortalize(Unmanaged.passUnretained(object).toOpaque())
+    return object
 }
