@@ -182,7 +182,9 @@ public final class NamedPort: @unchecked Sendable {
     /// could not be sent. Not for a peer that closes its end, nor for the
     /// port's own invalidation, nor for a refused user (counted in
     /// `refusedConnections`). Handlers run in the order added; add them
-    /// before the port starts receiving to see every closing. Any thread.
+    /// before the port starts receiving to see every closing. Any thread;
+    /// takes the port's lock briefly and never blocks otherwise. A handler
+    /// that blocks holds up the port's loop.
     public func onDroppedConnection(_ handler: @escaping @Sendable (PortError) -> Void) {
         lock.withLock { state.dropHandlers.append(handler) }
     }

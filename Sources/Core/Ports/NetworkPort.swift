@@ -186,7 +186,9 @@ public final class NetworkPort: @unchecked Sendable {
     /// reply that could not be sent. Not for a sender that closes between
     /// frames, nor for the port's own invalidation. Handlers run in the
     /// order added; add them before the port starts receiving to see every
-    /// closing. Any thread.
+    /// closing. Any thread;
+    /// takes the port's lock briefly and never blocks otherwise. A handler
+    /// that blocks holds up the port's loop.
     public func onDroppedConnection(_ handler: @escaping @Sendable (PortError) -> Void) {
         lock.withLock { state.dropHandlers.append(handler) }
     }
