@@ -212,6 +212,49 @@ struct EventSourceTests {
         #expect(space.withLock { $0 } == 65536)
     }
 
+    /// Queue sources are watched by an idle pool worker, not a thread of
+    /// their own. Every worker of the pool (and more) blocked in items that
+    /// wait for a timer's and a read source's handlers must not leave the
+    /// sources unwatched: a blocking wait hands the poller to another worker.
+    /// (The sources exist first, so an idle worker holds the poller when the
+    /// items arrive and is woken to run them.)
+    @Test func itemsBlockedOnQueueSourcesDoNotStallThePool() throws {
+        var fds: [Int32] = [0, 0]
+        try #require(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &fds) == 0)
+        defer { close(fds[0]); close(fds[1]) }
+        let blockers = 2 * Topology.availableCPUCount + 2
+        let timerFired = Semaphore(value: 0)
+        let readFired = Semaphore(value: 0)
+        let timer = EventSource.timer(
+            start: .monotonic(MonotonicClock.now.advanced(by: .milliseconds(300))), interval: nil,
+            on: .queue(WorkQueue(label: "es.blocked.timer")))
+        timer.setEventHandler { _ in for _ in 0..<blockers { timerFired.signal() } }
+        let reader = try EventSource.read(descriptor: fds[0], on: .queue(WorkQueue(label: "es.blocked.read")))
+        let readEnd = fds[0]
+        reader.setEventHandler { _ in
+            var byte: UInt8 = 0
+            if read(readEnd, &byte, 1) == 1 { for _ in 0..<blockers { readFired.signal() } }
+        }
+        timer.activate()
+        reader.activate()
+        let started = Semaphore(value: 0)
+        let finished = WorkGroup()
+        for _ in 0..<blockers {
+            WorkQueue.global().async(group: finished) {
+                started.signal()
+                // Each waits for both sources; the handlers signal once per
+                // blocker, so every one of them gets through.
+                timerFired.wait()
+                readFired.wait()
+            }
+        }
+        for _ in 0..<blockers { #expect(started.wait(timeout: .seconds(10))) }
+        #expect(write(fds[1], "x", 1) == 1)
+        #expect(finished.wait(timeout: .seconds(10)) == .completed, "items waiting for queue sources' handlers never finished")
+        timer.cancel()
+        reader.cancel()
+    }
+
     @Test func loopTargetRunsHandlersOnTheLoopThread() throws {
         let thread = try LoopThread.start()
         defer { thread.stop(); try? thread.join() }

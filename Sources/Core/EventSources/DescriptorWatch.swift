@@ -12,7 +12,7 @@ import Synchronization
 /// it is always ready), so such a watch delivers at once and again after
 /// each call, until end of file for a read source.
 final class DescriptorWatch: SourceWatch, @unchecked Sendable {
-    // @unchecked: `place` and `loopSource` are guarded by `lock`; the other
+    // @unchecked: `place` and `stopped` are guarded by `lock`; the other
     // stored properties are immutable, or touched only by the source's
     // calls, which never overlap (`atEnd`).
 
@@ -23,8 +23,15 @@ final class DescriptorWatch: SourceWatch, @unchecked Sendable {
     let alwaysReady: Bool
 
     private let lock = GuardLock()
-    private var place: (ThreadLoop, [LoopMode])?
-    private var loopSource: LoopSource?
+    /// Where the kernel watch lives: a loop's source, or, for a work-queue
+    /// target (the reactor's loop is the place `EventSource` names for it),
+    /// a registration with the standard pool's poller, which an idle worker
+    /// waits on (see `PoolPoller`).
+    private enum Place {
+        case loop(ThreadLoop, [LoopMode], LoopSource)
+        case pool(PoolPoller, PoolPoller.State, token: UInt64)
+    }
+    private var place: Place?
     private var stopped = false
     /// A read source saw end of file: it stays quiet from then on. Written
     /// and read only by the source's calls, which never overlap.
@@ -44,34 +51,57 @@ final class DescriptorWatch: SourceWatch, @unchecked Sendable {
             source.noteEvent()
             return
         }
-        let made = LoopSource(
-            descriptor: descriptor, interest: writing ? .writable : .readable, rearmsManually: true,
-            failed: { _, error in source.fail(.watchFailed(error)) }
-        ) { _, _ in source.noteEvent() }
-        lock.withLock {
-            guard !stopped else { return }
-            loopSource = made
-            place = (loop, modes)
-        }
-        arm()
+        arm(for: source, on: loop, modes: modes)
     }
 
-    private func arm() {
-        let (source, place) = lock.withLock { (loopSource, self.place) }
-        guard let source, let (loop, modes) = place else { return }
-        for mode in modes { loop.add(source, forMode: mode) }
+    /// Makes the kernel watch at `loop` (the pool's poller for the reactor).
+    private func arm(for source: EventSource, on loop: ThreadLoop, modes: [LoopMode]) {
+        let interest: Readiness = writing ? .writable : .readable
+        if loop === EventReactor.loop, let poller = WorkerPool.standard.poller {
+            // Registered under the lock, so that a report that comes at once
+            // finds `place` set when its handler returns and re-arms.
+            let failure: DescriptorWatchError? = lock.withLock {
+                guard !stopped else { return nil }
+                do throws(DescriptorWatchError) {
+                    let (state, token) = try poller.register(descriptor, for: interest) { event in
+                        if let failure = event.failure { source.fail(.watchFailed(failure)) } else { source.noteEvent() }
+                    }
+                    place = .pool(poller, state, token: token)
+                    return nil
+                } catch {
+                    return error
+                }
+            }
+            if let failure { source.fail(.watchFailed(failure)) }
+            return
+        }
+        let loopSource = LoopSource(
+            descriptor: descriptor, interest: interest, rearmsManually: true,
+            failed: { _, error in source.fail(.watchFailed(error)) }
+        ) { _, _ in source.noteEvent() }
+        let kept: Bool = lock.withLock {
+            guard !stopped else { return false }
+            place = .loop(loop, modes, loopSource)
+            return true
+        }
+        if kept { for mode in modes { loop.add(loopSource, forMode: mode) } }
     }
 
     private func rearm() {
-        let (source, place) = lock.withLock { (loopSource, self.place) }
-        guard let source, let (loop, _) = place else { return }
-        loop.rearm(source)
+        switch lock.withLock({ place }) {
+        case .loop(let loop, _, let loopSource): loop.rearm(loopSource)
+        case .pool(let poller, let state, let token): poller.rearm(token, in: state)
+        case nil: break
+        }
     }
 
-    private func leave() {
-        let (source, place) = lock.withLock { (loopSource, self.place) }
-        guard let source, let (loop, modes) = place else { return }
-        for mode in modes { loop.remove(source, forMode: mode) }
+    /// Ends the kernel watch where it is (`stop`, `move`).
+    private static func leave(_ place: Place?) {
+        switch place {
+        case .loop(_, _, let loopSource): loopSource.invalidate()
+        case .pool(let poller, let state, let token): poller.deregister(token, in: state)
+        case nil: break
+        }
     }
 
     func take(for source: EventSource) -> UInt64? {
@@ -110,17 +140,20 @@ final class DescriptorWatch: SourceWatch, @unchecked Sendable {
 
     func move(for source: EventSource, to loop: ThreadLoop, modes: [LoopMode]) {
         if alwaysReady { return }
-        leave()
-        lock.withLock { if !stopped { place = (loop, modes) } }
-        if !atEnd.load(ordering: .relaxed) { arm() }
+        let old: Place? = lock.withLock {
+            defer { place = nil }
+            return place
+        }
+        Self.leave(old)
+        if !atEnd.load(ordering: .relaxed) { arm(for: source, on: loop, modes: modes) }
     }
 
     func stop() {
-        let source = lock.withLock {
+        let old: Place? = lock.withLock {
             stopped = true
-            defer { loopSource = nil; place = nil }
-            return loopSource
+            defer { place = nil }
+            return place
         }
-        source?.invalidate()
+        Self.leave(old)
     }
 }

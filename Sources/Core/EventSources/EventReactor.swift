@@ -1,20 +1,19 @@
-/// The thread that watches kernel events for sources whose handlers run on
-/// work queues: a `ThreadLoop` on a thread of its own ("spindle.events"),
-/// started on first use and running for the rest of the process. An event
-/// backend is driven only by its own loop's thread, and pool workers come
-/// and go, so the watches live here; a handler call is submitted to the
-/// source's queue from this thread. Signals and file-system watches, which
-/// are process-wide, are watched here for every source.
+/// The thread that watches the process-wide mechanisms of event sources
+/// (signals, inotify, the clock-set notice) for every source, and process
+/// exits for sources whose handlers run on work queues: a `ThreadLoop` on a
+/// thread of its own ("spindle.events"), started on first use and running
+/// for the rest of the process; a handler call is submitted to the
+/// source's queue from this thread. The descriptors and timers of queue
+/// sources are not here: an idle pool worker waits for them and runs their
+/// calls itself (`PoolPoller`), which saves the hand-off from this thread to
+/// a worker.
 ///
 /// What runs on this thread is short: merging an event into its source and
-/// submitting a call. No user code runs here. The notice that the system
-/// time was set, which wall-clock timers need, is watched here too.
+/// submitting a call. No user code runs here.
 ///
-/// It sleeps in epoll rather than io_uring: a handler's worker re-arms its
-/// descriptor's one-shot watch with `epoll_ctl` directly, while io_uring
-/// would need this thread woken to submit the re-arm (a third wake-up per
-/// event: measured 74–83 µs per socketpair echo round trip with epoll's
-/// direct re-arm not yet in place, 190–370 µs on io_uring).
+/// It sleeps in epoll rather than io_uring, as the pool's poller does: a
+/// watch re-armed by another thread reaches an `epoll_wait` with no wake-up,
+/// where io_uring would need its owner woken to submit the re-arm.
 enum EventReactor {
     private static let lock = GuardLock()
     nonisolated(unsafe) private static var thread: LoopThread?

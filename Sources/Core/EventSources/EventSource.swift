@@ -42,17 +42,17 @@ import Synchronization
 /// replaced at any time, from any thread; a call already started uses the
 /// old one.
 ///
-/// **Where handlers run.** `.queue(q)`: as work items on `q`; kernel events
-/// are watched by Spindle's reactor thread ("spindle.events", started on
-/// first use), which submits handler calls. `.loop(l, modes:)`: on `l`'s
-/// thread during passes in one of `modes`; the loop's own event backend
-/// watches the kernel object, so no other thread is involved. Signals and
-/// file-system watches are process-wide mechanisms and always go through the
-/// reactor. `setTarget(_:)` moves a source at any time. A loop target is the
-/// low-latency form: one thread sees the event and runs the handler, where a
-/// queue target hands each call from the reactor to a pool worker (a
-/// wake-up of a parked worker, tens of microseconds on a VM whose idle
-/// vCPUs halt).
+/// **Where handlers run.** `.queue(q)`: as work items on `q`. Descriptors
+/// and timers are watched by an idle worker of Spindle's pool, which runs
+/// the call itself when the event comes (one wake-up per event; see
+/// "Event sources" in the README for what that costs while every worker is
+/// busy); process exits go through Spindle's reactor thread
+/// ("spindle.events", started on first use), which submits handler calls.
+/// `.loop(l, modes:)`: on `l`'s thread during passes in one of `modes`; the
+/// loop's own event backend watches the kernel object, so no other thread is
+/// involved. Signals and file-system watches are process-wide mechanisms and
+/// always go through the reactor. `setTarget(_:)` moves a source at any
+/// time.
 ///
 /// Thread-safe: every method may be called from any thread. Misuse (merging
 /// into a source that is not a data source, resuming more than suspended)

@@ -119,7 +119,8 @@ extension EventSource {
     /// whose `data` counts them. `leeway` lets Spindle fire it up to that
     /// much late so that nearby timers share a wake-up; it never fires
     /// early. No timerfd each: the timers of sources on work queues share
-    /// the reactor's one heap behind one kernel timeout; a source on a run
+    /// one heap behind one deadline, that of the idle pool worker that
+    /// watches the queue sources (it runs the handler itself); a source on a run
     /// loop is one of that loop's timers, so it fires only in its modes.
     ///
     /// A wall-clock schedule is translated to the monotonic clock when the

@@ -3,8 +3,9 @@
 /// that have passed at each firing, so missed periods merge into one call
 /// whose data says how many.
 ///
-/// - For a source on a work queue, the timer is an entry in the reactor's
-///   `TimerQueue` (one heap behind one kernel timeout for all of them).
+/// - For a source on a work queue, the timer is an entry in the
+///   `TimerQueue` (one heap for all of them, whose top is the deadline of
+///   the pool worker that waits in the pool's poller).
 /// - For a source on a run loop, it lives in that loop's own timers, so
 ///   that it fires only in the loop's modes: a monotonic schedule is one
 ///   repeating `LoopTimer` (which keeps start + n × interval itself); a
@@ -118,7 +119,7 @@ final class TimerWatch: SourceWatch, @unchecked Sendable {
         }
     }
 
-    // MARK: On the reactor's queue
+    // MARK: In the timer queue
 
     private func scheduleInQueue(arming: Int) {
         let latest: Int64? = lock.withLock {
@@ -130,7 +131,8 @@ final class TimerWatch: SourceWatch, @unchecked Sendable {
         TimerQueue.shared.schedule(self, latest: latest, arming: arming)
     }
 
-    /// The reactor's `TimerQueue` reached this watch's entry.
+    /// The `TimerQueue` reached this watch's entry (on the pool worker that
+    /// holds the poller).
     func fireFromQueue(arming: Int) {
         guard fire(arming: arming) else { return }
         scheduleInQueue(arming: arming)

@@ -25,6 +25,16 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     let ring = StealableRing()
     /// 0 running, 1 parked (futex word).
     private let parkWord: UnsafeMutablePointer<UInt32>
+    /// 1 while the worker, parked, waits in the pool's poller rather than
+    /// on `parkWord`: `unpark` then wakes the poller. Written by the worker,
+    /// read by wakers; beside `parkWord`, which the same threads touch.
+    private let pollingWord: UnsafeMutablePointer<UInt32>
+    /// True while the worker runs event handlers' merges without a permit
+    /// (parked, holding the poller): a blocking wait announced meanwhile
+    /// gives back no permit. Owner thread only.
+    private var dispatchingWhileParked = false
+    /// Whether `willBlock` gave a permit back, for `didUnblock`. Owner only.
+    private var gaveUpPermit = false
     private var tick = 0
     private var isSearching = true
     static let stealLimit = 64
@@ -54,7 +64,9 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
 
     init(pool: WorkerPool) {
         poolRef = Unmanaged.passUnretained(pool)
-        parkWord = allocateStableWords(byteCount: 4).assumingMemoryBound(to: UInt32.self)
+        let words = allocateStableWords(byteCount: 8)
+        parkWord = words.assumingMemoryBound(to: UInt32.self)
+        pollingWord = (words + 4).assumingMemoryBound(to: UInt32.self)
         stealBuffer = .allocate(capacity: Self.stealLimit)
         stealSeed = UInt64(UInt(bitPattern: parkWord)) | 1
     }
@@ -120,6 +132,11 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
             // the worker at the process's priority.
             try? NativeThread.current.setPriority(.relative(NativeThread.Priority.relative(forNice: nice)))
         }
+        // A worker that holds the pool's poller sleeps until the next timer
+        // of a queue source: its timed sleeps end on time, as a loop
+        // thread's do (Linux would let each run up to 50 µs late, the
+        // default timer slack; measured 30–45 µs late here with it).
+        _ = cshims_set_timer_slack(1)
         BlockingObserver.install(self)
         defer { BlockingObserver.install(nil) }
         // The global queues of the two lanes, unretained (they live for the
@@ -146,6 +163,9 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
                 isSearching = true
                 AtomicMemory.add(1, to: pool.searching, ordering: .sequentiallyConsistent)
             }
+            // Ready events first: a worker that would spin and then wait in
+            // the poller takes what the kernel has for it now.
+            if pollWithoutBlocking() { continue }
             if spinForWork() { continue }
             if !park() { return }
         }
@@ -180,12 +200,29 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
             }
         }
         slotRuns = 0
-        if tick % 61 == 0, let unit = takeFromInjector(lane: defaultLane) { return (unit, defaultLane) }
+        if tick % 61 == 0 {
+            _ = pollWithoutBlocking()
+            if let unit = takeFromInjector(lane: defaultLane) { return (unit, defaultLane) }
+        }
         if let unit = takeFromInjector(lane: WorkerPool.highLane) { return (unit, WorkerPool.highLane) }
         if let unit = ring.pop() { return (unit, defaultLane) }
         if let unit = takeFromInjector(lane: defaultLane) { return (unit, defaultLane) }
         if let unit = steal() { return (unit, defaultLane) }
         return nil
+    }
+
+    /// Takes the pool's poller if something is watched and nobody holds it,
+    /// and runs what is ready or due, without waiting; their calls land in
+    /// this worker's slot and ring. Every 61st look (Tokio's
+    /// `event_interval`), so that event sources are served while every
+    /// worker is busy, and when the worker runs out of work, before it
+    /// spins.
+    /// Returns whether it ran anything.
+    private func pollWithoutBlocking() -> Bool {
+        guard let poller = withPool({ $0.poller }), poller.isWatching, poller.tryHold() else { return false }
+        let ran = poller.waitAndDispatch(block: false)
+        poller.release()
+        return ran
     }
 
     @inline(__always)
@@ -323,9 +360,28 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         let futex = Futex(parkWord)
         var deadline: MonotonicClock.Instant? = spare ? MonotonicClock.now.advanced(by: WorkerPool.idleExit) : nil
         while AtomicMemory.load(from: parkWord, ordering: .acquiring) == 1 {
-            if futex.wait(expecting: 1, until: deadline) == .timedOut {
+            var timedOut = false
+            // Wait in the pool's poller if anything is watched and nobody
+            // else waits there (a spare worker too, until its deadline).
+            if let poller = pool.poller, poller.isWatching, poller.tryHold() {
+                let outcome = holdPoller(poller, until: deadline)
+                poller.release()
+                switch outcome {
+                case .running: break
+                case .parkOn: continue
+                case .timedOut: timedOut = true
+                }
+                if !timedOut { break }
+            } else {
+                timedOut = futex.wait(expecting: 1, until: deadline) == .timedOut
+            }
+            if timedOut {
                 if retireIfSpare() {
-                    if pool.hasQueuedWork() { pool.notifyIfNeeded() }
+                    // Whatever it leaves (queued work, the poller) goes to
+                    // a worker that stays.
+                    if pool.hasQueuedWork() || pool.poller.map({ $0.isWatching && !$0.isHeld }) == true {
+                        pool.notifyIfNeeded()
+                    }
                     return false
                 }
                 // Others retired first: the pool is at its width again.
@@ -335,6 +391,43 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         // Woken by `WorkerPool.wakeOne`, which counted us active and searching.
         isSearching = true
         return true
+    }
+
+    private enum PollerOutcome {
+        /// The worker holds a permit again: a waker counted it, or it took one
+        /// to run what the events queued here.
+        case running
+        /// Park on: the pool is full (what it queued is left for the busy
+        /// workers to steal), or nothing is watched any more.
+        case parkOn
+        /// `deadline` (a spare worker's idle exit) passed with nothing to do.
+        case timedOut
+    }
+
+    /// Parked, holding the pool's poller: waits there until woken, until the
+    /// events it handled queued work on this worker, or until `deadline`.
+    private func holdPoller(_ poller: PoolPoller, until deadline: MonotonicClock.Instant?) -> PollerOutcome {
+        while true {
+            // A Dekker pair with `unpark`: it clears the park word and then
+            // reads this one; here it is the other way round.
+            AtomicMemory.store(1, to: pollingWord, ordering: .sequentiallyConsistent)
+            if AtomicMemory.load(from: parkWord, ordering: .sequentiallyConsistent) == 0 {
+                AtomicMemory.store(0, to: pollingWord, ordering: .relaxed)
+                return .running
+            }
+            dispatchingWhileParked = true
+            let ran = poller.waitAndDispatch(block: true, notAfter: deadline)
+            dispatchingWhileParked = false
+            AtomicMemory.store(0, to: pollingWord, ordering: .sequentiallyConsistent)
+            if AtomicMemory.load(from: parkWord, ordering: .acquiring) == 0 { return .running }
+            if ran && (nextSlot != nil || !ring.isEmptyForOwner) {
+                if reclaimPermit() { return .running }
+                flushSlot()
+                return .parkOn
+            }
+            if let deadline, MonotonicClock.now >= deadline { return .timedOut }
+            if !poller.isWatching { return .parkOn }
+        }
     }
 
     /// Takes itself off the idle list with a permit, if nobody has yet.
@@ -377,19 +470,32 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     /// Hands this parked worker a permit (the waker counted it). Releasing:
     /// pairs with the acquiring load in `park`.
     func unpark() {
-        AtomicMemory.store(0, to: parkWord, ordering: .releasing)
-        Futex(parkWord).wake()
+        AtomicMemory.store(0, to: parkWord, ordering: .sequentiallyConsistent)
+        if AtomicMemory.load(from: pollingWord, ordering: .sequentiallyConsistent) != 0 {
+            pool.poller?.wake()
+        } else {
+            Futex(parkWord).wake()
+        }
     }
+
+    /// Whether the worker waits in the pool's poller (stale at once).
+    var isPolling: Bool { AtomicMemory.load(from: pollingWord, ordering: .relaxed) != 0 }
 
     // MARK: BlockingObserver
 
     override func willBlock() {
+        gaveUpPermit = !dispatchingWhileParked
+        guard gaveUpPermit else { return }
         flushSlot()
         AtomicMemory.add(-1, to: pool.active, ordering: .sequentiallyConsistent)
-        if pool.hasQueuedWork() { pool.notifyIfNeeded() }
+        // Work queued, or nobody waiting in the poller while something is
+        // watched (the item may be waiting for an event): wake a worker.
+        if pool.hasQueuedWork() || pool.poller.map({ $0.isWatching && !$0.isHeld }) == true {
+            pool.notifyIfNeeded()
+        }
     }
 
     override func didUnblock() {
-        AtomicMemory.add(1, to: pool.active, ordering: .sequentiallyConsistent)
+        if gaveUpPermit { AtomicMemory.add(1, to: pool.active, ordering: .sequentiallyConsistent) }
     }
 }

@@ -46,6 +46,12 @@ import CShims
 /// - **Parking.** On a per-worker futex word. An idle pool uses no CPU. A
 ///   worker beyond `width` (started to replace blocked ones) exits after
 ///   `idleExit` without work.
+/// - **Event sources.** While the descriptors or timers of sources on work
+///   queues are watched, one parked worker of the standard pool waits in
+///   the pool's poller (`PoolPoller`, Tokio's I/O driver) instead of on its
+///   futex, and runs the calls of what it finds itself; busy workers poll
+///   it every 61st look and when they run dry. A waker prefers a parked
+///   worker that is not the poller's.
 ///
 /// Locks: the pool's lock (injector, idle list, worker list) is a
 /// `GuardLock` (the plain mutex core), never held while running an item;
@@ -161,7 +167,14 @@ final class WorkerPool: @unchecked Sendable {
         injectorCounts = [highInjector.publishedCount, defaultInjector.publishedCount]
         words = allocateStableWords(byteCount: 256)
         ForkHandlers.install()
+        if band == .standard { poller = makeImmortal(PoolPoller(pool: self)) }
     }
+
+    /// The kernel watches of queue-targeted event sources, waited on by an
+    /// idle worker (see `PoolPoller`): the standard pool's only. Set in
+    /// `init`, never after; immortal, as the pools are (no reference
+    /// counting on it from the workers).
+    private(set) var poller: PoolPoller?
 
     // MARK: Submitting
 
@@ -208,7 +221,7 @@ final class WorkerPool: @unchecked Sendable {
             lock.unlock()
             return
         }
-        if let worker = idle.popLast() {
+        if let worker = takeIdleWorker() {
             AtomicMemory.add(1, to: active, ordering: .sequentiallyConsistent)
             AtomicMemory.add(1, to: searching, ordering: .sequentiallyConsistent)
             lock.unlock()
@@ -224,6 +237,23 @@ final class WorkerPool: @unchecked Sendable {
         } else {
             lock.unlock()
         }
+    }
+
+    /// The idle worker to wake, under the lock: the one parked last, but
+    /// not the poller's holder while another is idle (the holder would stop
+    /// watching the kernel to run the work). Nil if none is idle.
+    /// (Plain index loops: this runs in a child after `fork()` too.)
+    private func takeIdleWorker() -> PoolWorker? {
+        let last = idle.count - 1
+        guard last >= 0 else { return nil }
+        if idle[last].isPolling {
+            var i = last - 1
+            while i >= 0 {
+                if !idle[i].isPolling { return idle.remove(at: i) }
+                i -= 1
+            }
+        }
+        return idle.removeLast()
     }
 
     /// Whether any ring of the pool holds work (stale at once; for wake-up
@@ -337,6 +367,7 @@ final class WorkerPool: @unchecked Sendable {
         workers = survivor.map { [$0] } ?? []
         idle = []
         threadCount = workers.count
+        poller?.childAfterFork()
         AtomicMemory.store(workers.count, to: active, ordering: .relaxed)
         AtomicMemory.store(0, to: searching, ordering: .relaxed)
         if !highInjector.isEmpty || !defaultInjector.isEmpty { notifyIfNeeded() }

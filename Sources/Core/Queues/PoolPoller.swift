@@ -1,0 +1,226 @@
+/// The kernel watches of event sources whose handlers run on work queues,
+/// waited on by an idle worker of the standard pool rather than by a thread
+/// of their own (the I/O driver of Tokio's scheduler, the netpoller of
+/// Go's).
+///
+/// A worker about to park takes the poller if nobody holds it, and then
+/// sleeps in the poller's wait (an epoll `EventRegistry` and the next timer
+/// deadline) instead of on its futex. When a descriptor is ready or a timer
+/// due, the same thread merges the event into its source, whose call goes to
+/// the worker's own next-unit slot, gives the poller up, and runs the call:
+/// one wake-up per event, where a reactor thread that hands each call to a
+/// worker costs two (the reactor's, then the worker's). Submitting work to
+/// the pool wakes a worker that holds the poller through the registry's wake
+/// word instead of its futex (`PoolWorker.unpark`).
+///
+/// **What it costs.** While every worker runs items, nobody waits in the
+/// poller: a worker polls it without blocking every 61st unit it takes
+/// (Tokio's `event_interval`), and the first worker to run dry takes it
+/// again. So a handler or an item that computes for long, with every other
+/// worker parked on its futex, delays other sources' events until it ends,
+/// as in Tokio; a worker that enters a blocking wait while the poller is
+/// unheld wakes another to hold it, so an item waiting for an event cannot
+/// deadlock the pool. Sources whose handlers run on a `ThreadLoop`, and the
+/// process-wide mechanisms (signals, inotify, process exits, the clock-set
+/// notice), stay on their loop or the reactor thread.
+///
+/// **Threads.** `register`, `rearm`, `deregister`, `wake` and
+/// `timersChanged` from any thread. `wait` only by the holder (`tryHold` /
+/// `release`, an acquire/release word, so each holder sees what the one
+/// before it did).
+final class PoolPoller: @unchecked Sendable {
+    // @unchecked: `state` and `timers` are set under `lock`; a `State`
+    // guards its own handlers with `lock` too; `events` is the holder's.
+
+    /// What the holder calls for the timers (the event sources' timer queue,
+    /// a layer above): the latest moment it must wake, and firing what is due.
+    protocol Timers: AnyObject, Sendable {
+        /// The heap's first deadline, or nil.
+        func nextDeadline() -> MonotonicClock.Instant?
+        /// Fires every entry that is due; true if any fired.
+        func fireDue() -> Bool
+    }
+
+    /// A descriptor registration's handler: runs on the holder with the
+    /// report (readiness, or a failure of the kernel watch).
+    typealias Handler = @Sendable (ReadyEvent) -> Void
+
+    /// One epoll registry and its handlers. A child after `fork()` leaves
+    /// the parent's (its epoll instance is the parent's too) and makes its
+    /// own; a watch registered with the parent's keeps pointing at it and
+    /// finds it retired.
+    final class State: @unchecked Sendable {
+        // @unchecked: `handlers` and `retired` under the poller's lock.
+        let registry: EventRegistry
+        var handlers: [UInt64: Handler] = [:]
+        var retired = false
+
+        init(registry: EventRegistry) {
+            self.registry = registry
+        }
+    }
+
+    /// The pool whose workers hold it.
+    private let poolRef: Unmanaged<WorkerPool>
+    private let lock = GuardLock()
+    private var state: State?
+    private var timers: Timers?
+    /// 1 while a worker holds the poller.
+    private let holdWord: UnsafeMutablePointer<Int>
+    /// Registrations plus pending timer entries: whether a worker should
+    /// wait here at all. Atomic; stale at once.
+    private let watchCount: UnsafeMutablePointer<Int>
+    /// The holder's reports of its current wait.
+    private var events: [ReadyEvent] = []
+
+    init(pool: WorkerPool) {
+        poolRef = Unmanaged.passUnretained(pool)
+        let words = allocateStableWords(byteCount: 128)
+        holdWord = words.assumingMemoryBound(to: Int.self)
+        watchCount = (words + 64).assumingMemoryBound(to: Int.self)
+    }
+
+    // MARK: Registrations (any thread)
+
+    /// The current registry, made on first use. Stops the process with a
+    /// message if the kernel refuses an epoll instance: no queue source
+    /// could work without one.
+    private func currentState() -> State {
+        lock.lock()
+        defer { lock.unlock() }
+        if let state { return state }
+        do {
+            let registry = try EventRegistry(kind: .epoll)
+            // Handlers re-arm their watches while the holder waits: it stays
+            // in epoll_wait, where each re-arm reaches it without a wake-up.
+            registry.waitsInKernelWhileRegistered = true
+            let made = State(registry: registry)
+            state = made
+            return made
+        } catch {
+            misuse("WorkerPool: cannot make the event sources' epoll instance: \(error)")
+        }
+    }
+
+    /// Watches `fd` for `interest` (one-shot: re-armed with `rearm`);
+    /// `handler` runs on the worker that sees the report. Returns the state
+    /// and token that name the registration. Throws what the registry
+    /// throws for a descriptor that cannot be waited on.
+    func register(
+        _ fd: Int32, for interest: Readiness, _ handler: @escaping Handler
+    ) throws(DescriptorWatchError) -> (State, UInt64) {
+        let state = currentState()
+        let token = try state.registry.register(fd, for: interest)
+        lock.withLock { state.handlers[token] = handler }
+        AtomicMemory.add(1, to: watchCount, ordering: .sequentiallyConsistent)
+        // The holder applies the registration at its next wait: wake it, or
+        // find a worker to hold the poller.
+        needsHolder()
+        return (state, token)
+    }
+
+    /// Arms `token` again after its report. On epoll the kernel learns of
+    /// it at once; a holder asleep in epoll_wait sees it without a wake-up.
+    func rearm(_ token: UInt64, in state: State) {
+        guard !lock.withLock({ state.retired }) else { return }
+        if state.registry.rearmNow(token) { state.registry.wake() }
+    }
+
+    /// Ends the registration: once this returns, `handler` is not called
+    /// again for it (a report already taken runs only if looked up before).
+    func deregister(_ token: UInt64, in state: State) {
+        let removed = lock.withLock { state.handlers.removeValue(forKey: token) }
+        guard removed != nil else { return }
+        AtomicMemory.add(-1, to: watchCount, ordering: .sequentiallyConsistent)
+        state.registry.deregister(token)
+        // The kernel watch goes at the holder's next wait; wake it so that a
+        // descriptor closed right after this is not still watched then.
+        state.registry.wake()
+    }
+
+    // MARK: Timers (any thread)
+
+    /// Installs the timer queue (once, by the event sources' layer).
+    func install(_ timers: Timers) {
+        lock.withLock { self.timers = timers }
+    }
+
+    /// The timer queue gained `added` entries (negative: lost them) and
+    /// perhaps a new first deadline: the holder recomputes its wait.
+    func timersChanged(added: Int, newFirst: Bool) {
+        if added != 0 { AtomicMemory.add(added, to: watchCount, ordering: .sequentiallyConsistent) }
+        if newFirst { needsHolder() }
+    }
+
+    /// Wakes the holder so that it looks again, or, when nobody holds the
+    /// poller, a parked worker (or a new one) so that somebody does.
+    private func needsHolder() {
+        if AtomicMemory.load(from: holdWord, ordering: .sequentiallyConsistent) != 0 {
+            wake()
+        } else {
+            poolRef._withUnsafeGuaranteedRef { $0.wakeOne() }
+        }
+    }
+
+    /// Whether anything is watched (stale at once).
+    var isWatching: Bool { AtomicMemory.load(from: watchCount, ordering: .sequentiallyConsistent) > 0 }
+
+    /// Whether a worker holds the poller (stale at once).
+    var isHeld: Bool { AtomicMemory.load(from: holdWord, ordering: .sequentiallyConsistent) != 0 }
+
+    /// Makes the holder's wait return (or its next one, at once).
+    func wake() {
+        lock.withLock { state }?.registry.wake()
+    }
+
+    // MARK: The holder
+
+    /// Takes the poller; false if another worker holds it.
+    func tryHold() -> Bool {
+        AtomicMemory.load(from: holdWord, ordering: .relaxed) == 0
+            && AtomicMemory.compareAndSwap(expected: 0, desired: 1, at: holdWord, ordering: .acquiring)
+    }
+
+    /// Gives the poller up.
+    func release() {
+        AtomicMemory.store(0, to: holdWord, ordering: .releasing)
+    }
+
+    /// Holder only: waits for a report, a due timer, a wake or `notAfter`
+    /// (`block` false: only looks), then runs the handlers of what it found
+    /// and fires the due timers. Returns whether anything ran.
+    func waitAndDispatch(block: Bool, notAfter: MonotonicClock.Instant? = nil) -> Bool {
+        let state = currentState()
+        let timers = lock.withLock { self.timers }
+        var deadline = timers?.nextDeadline()
+        if let notAfter, deadline.map({ notAfter < $0 }) ?? true { deadline = notAfter }
+        if !block { deadline = MonotonicClock.Instant(nanoseconds: 0) }
+        events.removeAll(keepingCapacity: true)
+        _ = state.registry.wait(until: deadline, events: &events)
+        var ran = false
+        for event in events {
+            guard let handler = lock.withLock({ state.handlers[event.token] }) else { continue }
+            handler(event)
+            ran = true
+        }
+        if let timers, timers.fireDue() { ran = true }
+        return ran
+    }
+
+    // MARK: Fork
+
+    /// In a child after `fork()`: the parent's epoll instance is shared with
+    /// the parent, so the child leaves it (its registrations retired, not
+    /// released: their teardown would act on the parent's watches) and makes
+    /// its own at its next registration. Nobody holds the poller.
+    func childAfterFork() {
+        lock.reinitializeAfterFork()
+        if let state {
+            state.retired = true
+            _ = Unmanaged.passRetained(state)
+        }
+        state = nil
+        AtomicMemory.store(0, to: holdWord, ordering: .relaxed)
+        AtomicMemory.store(0, to: watchCount, ordering: .relaxed)
+    }
+}
