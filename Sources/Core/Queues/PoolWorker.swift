@@ -216,8 +216,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     /// this worker's slot and ring. Every 61st look (Tokio's
     /// `event_interval`), so that event sources are served while every
     /// worker is busy, and when the worker runs out of work, before it
-    /// spins.
-    /// Returns whether it ran anything.
+    /// spins. Returns whether it ran anything.
     private func pollWithoutBlocking() -> Bool {
         guard let poller = withPool({ $0.poller }), poller.isWatching, poller.tryHold() else { return false }
         let ran = poller.waitAndDispatch(block: false)
@@ -366,12 +365,9 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
             if let poller = pool.poller, poller.isWatching, poller.tryHold() {
                 let outcome = holdPoller(poller, until: deadline)
                 poller.release()
-                switch outcome {
-                case .running: break
-                case .parkOn: continue
-                case .timedOut: timedOut = true
-                }
-                if !timedOut { break }
+                if outcome == .running { break }
+                if outcome == .parkOn { continue }
+                timedOut = true
             } else {
                 timedOut = futex.wait(expecting: 1, until: deadline) == .timedOut
             }
@@ -467,8 +463,11 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         return true
     }
 
-    /// Hands this parked worker a permit (the waker counted it). Releasing:
-    /// pairs with the acquiring load in `park`.
+    /// Hands this parked worker a permit (the waker counted it), waking it
+    /// on its futex or, if it waits in the pool's poller, through the
+    /// poller's wake word. The park word's store pairs with the acquiring
+    /// loads in `park` and `holdPoller`; with the load of `pollingWord` it
+    /// is the waker's half of a Dekker pair (see `holdPoller`).
     func unpark() {
         AtomicMemory.store(0, to: parkWord, ordering: .sequentiallyConsistent)
         if AtomicMemory.load(from: pollingWord, ordering: .sequentiallyConsistent) != 0 {
