@@ -226,6 +226,19 @@ int cshims_clock_change_read(int fd) {
     return cshims_eventfd_drain(fd);
 }
 
+// MARK: One-shot monotonic timers
+
+int cshims_monotonic_timer_create(void) {
+    int fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    return fd < 0 ? -errno : fd;
+}
+
+int cshims_monotonic_timer_arm(int fd, int64_t nanoseconds) {
+    if (nanoseconds < 1) nanoseconds = 1;  // 0 would disarm it
+    struct itimerspec once = {.it_value = {.tv_sec = nanoseconds / 1000000000, .tv_nsec = nanoseconds % 1000000000}};
+    return timerfd_settime(fd, 0, &once, NULL) == 0 ? 0 : -errno;
+}
+
 // MARK: Readiness estimates
 
 int64_t cshims_fd_readable_bytes(int fd) {

@@ -255,6 +255,54 @@ struct EventSourceTests {
         reader.cancel()
     }
 
+    /// A queue source's handler that computes for long (no blocking wait it
+    /// could announce) runs on the worker that was waiting in the pool's
+    /// poller, and every other worker is parked on its futex: the
+    /// watchdog must still poll, so another source's event is handled on a
+    /// free worker while the first handler computes, not after it.
+    @Test func aHandlerThatComputesForLongDoesNotHoldUpOtherQueueSources() throws {
+        var pairA: [Int32] = [0, 0]
+        var pairB: [Int32] = [0, 0]
+        try #require(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &pairA) == 0)
+        try #require(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &pairB) == 0)
+        let fds = pairA + pairB
+        defer { for fd in fds { close(fd) } }
+        let bRan = LockedValue(false)
+        let aFinished = Semaphore(value: 0)
+        let spinning = LockedValue(MonotonicClock.Instant(nanoseconds: 0))
+        let (readA, readB) = (fds[0], fds[2])
+        let a = try EventSource.read(descriptor: readA, on: .queue(WorkQueue(label: "es.long.a")))
+        a.setEventHandler { _ in
+            var byte: UInt8 = 0
+            guard read(readA, &byte, 1) == 1 else { return }
+            // Compute until B's handler has run, for at most 5 s.
+            let start = MonotonicClock.now
+            spinning.withLock { $0 = start }
+            while !bRan.withLock({ $0 }) && start.duration(to: MonotonicClock.now) < .seconds(5) {}
+            aFinished.signal()
+        }
+        let b = try EventSource.read(descriptor: readB, on: .queue(WorkQueue(label: "es.long.b")))
+        let bLatency = LockedValue<Duration?>(nil)
+        b.setEventHandler { _ in
+            var byte: UInt8 = 0
+            guard read(readB, &byte, 1) == 1 else { return }
+            let since = spinning.withLock { $0 }.duration(to: MonotonicClock.now)
+            bLatency.withLock { $0 = since }
+            bRan.withLock { $0 = true }
+        }
+        a.activate()
+        b.activate()
+        #expect(write(fds[1], "a", 1) == 1)
+        #expect(eventually { spinning.withLock { $0.nanoseconds } != 0 }, "A's handler never started")
+        usleep(50_000)  // the pool settles: A's worker computes, the others park
+        #expect(write(fds[3], "b", 1) == 1)
+        #expect(aFinished.wait(timeout: .seconds(10)))
+        let latency = try #require(bLatency.withLock { $0 }, "B's handler never ran")
+        #expect(latency < .seconds(4), "B's handler waited \(latency) for A's handler to stop computing")
+        a.cancel()
+        b.cancel()
+    }
+
     @Test func loopTargetRunsHandlersOnTheLoopThread() throws {
         let thread = try LoopThread.start()
         defer { thread.stop(); try? thread.join() }

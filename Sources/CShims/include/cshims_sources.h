@@ -91,6 +91,15 @@ int cshims_clock_change_disarm(int fd);
 // a clock at the far-future time could cause).
 int cshims_clock_change_read(int fd);
 
+// MARK: One-shot monotonic timers
+
+// A non-blocking, close-on-exec timerfd on CLOCK_MONOTONIC (disarmed), or
+// -errno. Read it with cshims_eventfd_drain.
+int cshims_monotonic_timer_create(void);
+// Arms `fd` to expire once, `nanoseconds` from now (at least 1 ns),
+// replacing any earlier arming. 0 or -errno.
+int cshims_monotonic_timer_arm(int fd, int64_t nanoseconds);
+
 // MARK: Readiness estimates
 
 // Bytes queued for reading (FIONREAD: pipes, FIFOs, sockets, terminals).

@@ -58,6 +58,7 @@ final class DescriptorWatch: SourceWatch, @unchecked Sendable {
     private func arm(for source: EventSource, on loop: ThreadLoop, modes: [LoopMode]) {
         let interest: Readiness = writing ? .writable : .readable
         if loop === EventReactor.loop, let poller = WorkerPool.standard.poller {
+            _ = PollerWatchdog.shared
             // Registered under the lock, so that a report that comes at once
             // finds `place` set when its handler returns and re-arms.
             let failure: DescriptorWatchError? = lock.withLock {

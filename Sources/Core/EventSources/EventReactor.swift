@@ -52,5 +52,6 @@ enum EventReactor {
         FileSystemWatch.Registry.shared.childAfterFork()
         TimerQueue.shared.childAfterFork()
         TimerWatch.WallClockRegistry.shared.childAfterFork()
+        PollerWatchdog.shared.childAfterFork()
     }
 }

@@ -44,6 +44,7 @@ final class TimerQueue: PoolPoller.Timers, @unchecked Sendable {
         }
         self.poller = poller
         poller.install(self)
+        _ = PollerWatchdog.shared
     }
 
     /// Schedules `owner` to be asked to fire by `latest` (monotonic

@@ -13,16 +13,23 @@
 /// the pool wakes a worker that holds the poller through the registry's wake
 /// word instead of its futex (`PoolWorker.unpark`).
 ///
-/// **What it costs.** While every worker runs items, nobody waits in the
-/// poller: a worker polls it without blocking every 61st unit it takes
-/// (Tokio's `event_interval`), and the first worker to run dry takes it
-/// again. So a handler or an item that computes for long, with every other
-/// worker parked on its futex, delays other sources' events until it ends,
-/// as in Tokio; a worker that enters a blocking wait while the poller is
-/// unheld wakes another to hold it, so an item waiting for an event cannot
-/// deadlock the pool. Sources whose handlers run on a `ThreadLoop`, and the
-/// process-wide mechanisms (signals, inotify, process exits, the clock-set
-/// notice), stay on their loop or the reactor thread.
+/// **While every worker is busy** nobody waits in the poller. A worker
+/// polls it without blocking every 61st unit it takes (Tokio's
+/// `event_interval`) and when it runs dry, and the first worker to park
+/// waits in it again. For items that compute for long, a watchdog (Go's
+/// `sysmon`): a release that leaves the poller unheld while something is
+/// watched arms a one-shot timer (`watchdogInterval`, unless one is armed
+/// already), and when it expires the event sources' reactor thread polls
+/// the poller if still nobody holds it, hands what it finds to the pool
+/// the ordinary way, wakes an idle worker to hold it, and arms itself
+/// again; once it finds the poller held it goes quiet. So an event waits at
+/// most about `watchdogInterval` for a poll while a CPU is free or the
+/// workers compute, and a steady stream of events costs the reactor one
+/// wake-up per interval at most, none while idle. A worker that enters a
+/// blocking wait while the poller is unheld also wakes another to hold it.
+/// Sources whose handlers run on a `ThreadLoop`, and the process-wide
+/// mechanisms (signals, inotify, process exits, the clock-set notice), stay
+/// on their loop or the reactor thread.
 ///
 /// **Threads.** `register`, `rearm`, `deregister`, `wake` and
 /// `timersChanged` from any thread. `wait` only by the holder (`tryHold` /
@@ -40,6 +47,19 @@ final class PoolPoller: @unchecked Sendable {
         /// Fires every entry that is due; true if any fired.
         func fireDue() -> Bool
     }
+
+    /// The watchdog's timer (the event sources' layer owns it, on its
+    /// reactor thread): `arm` has it call `watchdogFired` once, after
+    /// `watchdogInterval`.
+    protocol Watchdog: AnyObject, Sendable {
+        /// False if the timer could not be armed.
+        func arm(after interval: Duration) -> Bool
+    }
+
+    /// How long the poller may stay unheld, while something is watched,
+    /// before the watchdog polls it: Go's `sysmon` polls the network when it
+    /// has not been polled for 10 ms.
+    static let watchdogInterval: Duration = .milliseconds(10)
 
     /// A descriptor registration's handler: runs on the holder with the
     /// report (readiness, or a failure of the kernel watch).
@@ -65,19 +85,23 @@ final class PoolPoller: @unchecked Sendable {
     private let lock = GuardLock()
     private var state: State?
     private var timers: Timers?
+    private var watchdog: Watchdog?
     /// 1 while a worker holds the poller.
     private let holdWord: UnsafeMutablePointer<Int>
     /// Registrations plus pending timer entries: whether a worker should
     /// wait here at all. Atomic; stale at once.
     private let watchCount: UnsafeMutablePointer<Int>
+    /// 1 while the watchdog's timer is armed.
+    private let watchdogWord: UnsafeMutablePointer<Int>
     /// The holder's reports of its current wait.
     private var events: [ReadyEvent] = []
 
     init(pool: WorkerPool) {
         poolRef = Unmanaged.passUnretained(pool)
-        let words = allocateStableWords(byteCount: 128)
+        let words = allocateStableWords(byteCount: 192)
         holdWord = words.assumingMemoryBound(to: Int.self)
         watchCount = (words + 64).assumingMemoryBound(to: Int.self)
+        watchdogWord = (words + 128).assumingMemoryBound(to: Int.self)
     }
 
     // MARK: Registrations (any thread)
@@ -145,6 +169,11 @@ final class PoolPoller: @unchecked Sendable {
         lock.withLock { self.timers = timers }
     }
 
+    /// Installs the watchdog's timer (once, by the event sources' layer).
+    func install(_ watchdog: Watchdog) {
+        lock.withLock { self.watchdog = watchdog }
+    }
+
     /// The timer queue gained `added` entries (negative: lost them) and
     /// perhaps a new first deadline: the holder recomputes its wait.
     func timersChanged(added: Int, newFirst: Bool) {
@@ -159,7 +188,49 @@ final class PoolPoller: @unchecked Sendable {
             wake()
         } else {
             poolRef._withUnsafeGuaranteedRef { $0.wakeOne() }
+            armWatchdogIfUnheld()
         }
+    }
+
+    /// Arms the watchdog if something is watched, nobody holds the poller
+    /// and it is not armed yet. With the holder's sequentially consistent
+    /// release, and the watchdog's own disarm and re-check, one of them sees
+    /// the other: the poller is never left unheld with the watchdog quiet.
+    private func armWatchdogIfUnheld() {
+        guard isWatching, !isHeld,
+              AtomicMemory.load(from: watchdogWord, ordering: .sequentiallyConsistent) == 0,
+              AtomicMemory.compareAndSwap(expected: 0, desired: 1, at: watchdogWord, ordering: .sequentiallyConsistent)
+        else { return }
+        if let watchdog = lock.withLock({ watchdog }), watchdog.arm(after: Self.watchdogInterval) { return }
+        watchdogDisarmed()
+    }
+
+    /// The watchdog's timer could not be armed: the next release tries again.
+    func watchdogDisarmed() {
+        AtomicMemory.store(0, to: watchdogWord, ordering: .sequentiallyConsistent)
+    }
+
+    /// The watchdog's timer expired (on the reactor thread). If nobody holds
+    /// the poller while something is watched, polls it without waiting (the
+    /// calls go to the pool from a thread outside it), wakes an idle worker
+    /// to hold it, and returns true: arm again. Otherwise it goes quiet, and
+    /// the next release that leaves the poller unheld arms it.
+    func watchdogFired() -> Bool {
+        if isWatching, tryHold() {
+            _ = waitAndDispatch(block: false)
+            AtomicMemory.store(0, to: holdWord, ordering: .sequentiallyConsistent)
+            poolRef._withUnsafeGuaranteedRef { $0.wakeOne() }
+            return true
+        }
+        AtomicMemory.store(0, to: watchdogWord, ordering: .sequentiallyConsistent)
+        // A release between the check above and the store saw the watchdog
+        // armed and left it: look again.
+        if isWatching && !isHeld
+            && AtomicMemory.compareAndSwap(expected: 0, desired: 1, at: watchdogWord, ordering: .sequentiallyConsistent)
+        {
+            return true
+        }
+        return false
     }
 
     /// Whether anything is watched (stale at once).
@@ -181,9 +252,10 @@ final class PoolPoller: @unchecked Sendable {
             && AtomicMemory.compareAndSwap(expected: 0, desired: 1, at: holdWord, ordering: .acquiring)
     }
 
-    /// Gives the poller up.
+    /// Gives the poller up; arms the watchdog if nobody else holds it.
     func release() {
-        AtomicMemory.store(0, to: holdWord, ordering: .releasing)
+        AtomicMemory.store(0, to: holdWord, ordering: .sequentiallyConsistent)
+        armWatchdogIfUnheld()
     }
 
     /// Holder only: waits for a report, a due timer, a wake or `notAfter`
@@ -222,5 +294,6 @@ final class PoolPoller: @unchecked Sendable {
         state = nil
         AtomicMemory.store(0, to: holdWord, ordering: .relaxed)
         AtomicMemory.store(0, to: watchCount, ordering: .relaxed)
+        AtomicMemory.store(0, to: watchdogWord, ordering: .relaxed)
     }
 }
