@@ -32,12 +32,14 @@
 /// on their loop or the reactor thread.
 ///
 /// **Threads.** `register`, `rearm`, `deregister`, `wake` and
-/// `timersChanged` from any thread. `wait` only by the holder (`tryHold` /
-/// `release`, an acquire/release word, so each holder sees what the one
-/// before it did).
+/// `timersChanged` from any thread. `waitAndDispatch` only by the holder
+/// (`tryHold` / `release`: an acquiring compare-and-swap and a sequentially
+/// consistent store of one word, so each holder sees what the one before it
+/// did).
 final class PoolPoller: @unchecked Sendable {
-    // @unchecked: `state` and `timers` are set under `lock`; a `State`
-    // guards its own handlers with `lock` too; `events` is the holder's.
+    // @unchecked: `state`, `timers` and `watchdog` are set under `lock`; a
+    // `State` guards its own handlers with `lock` too; `events` is the
+    // holder's; the words are atomic.
 
     /// What the holder calls for the timers (the event sources' timer queue,
     /// a layer above): the latest moment it must wake, and firing what is due.
