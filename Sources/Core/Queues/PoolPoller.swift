@@ -1,3 +1,5 @@
+import Synchronization
+
 /// The kernel watches of event sources whose handlers run on work queues,
 /// waited on by an idle worker of the standard pool rather than by a thread
 /// of their own (the I/O driver of Tokio's scheduler, the netpoller of
@@ -72,10 +74,12 @@ final class PoolPoller: @unchecked Sendable {
     /// own; a watch registered with the parent's keeps pointing at it and
     /// finds it retired.
     final class State: @unchecked Sendable {
-        // @unchecked: `handlers` and `retired` under the poller's lock.
+        // @unchecked: `handlers` under the poller's lock; `retired` atomic.
         let registry: EventRegistry
         var handlers: [UInt64: Handler] = [:]
-        var retired = false
+        /// Set in a child after `fork()`, read by every re-arm: an atomic,
+        /// so the re-arm path takes no lock.
+        let retired = Atomic<Bool>(false)
 
         init(registry: EventRegistry) {
             self.registry = registry
@@ -108,13 +112,13 @@ final class PoolPoller: @unchecked Sendable {
 
     // MARK: Registrations (any thread)
 
-    /// The current registry, made on first use. Stops the process with a
-    /// message if the kernel refuses an epoll instance: no queue source
-    /// could work without one.
-    private func currentState() -> State {
+    /// The current registry, made on first use, and the timer queue, in one
+    /// hold of the lock. Stops the process with a message if the kernel
+    /// refuses an epoll instance: no queue source could work without one.
+    private func current() -> (state: State, timers: Timers?) {
         lock.lock()
         defer { lock.unlock() }
-        if let state { return state }
+        if let state { return (state, timers) }
         do {
             let registry = try EventRegistry(kind: .epoll)
             // Handlers re-arm their watches while the holder waits: it stays
@@ -122,7 +126,7 @@ final class PoolPoller: @unchecked Sendable {
             registry.waitsInKernelWhileRegistered = true
             let made = State(registry: registry)
             state = made
-            return made
+            return (made, timers)
         } catch {
             misuse("WorkerPool: cannot make the event sources' epoll instance: \(error)")
         }
@@ -135,7 +139,7 @@ final class PoolPoller: @unchecked Sendable {
     func register(
         _ fd: Int32, for interest: Readiness, _ handler: @escaping Handler
     ) throws(DescriptorWatchError) -> (State, UInt64) {
-        let state = currentState()
+        let state = current().state
         let token = try state.registry.register(fd, for: interest)
         lock.withLock { state.handlers[token] = handler }
         AtomicMemory.add(1, to: watchCount, ordering: .sequentiallyConsistent)
@@ -148,7 +152,7 @@ final class PoolPoller: @unchecked Sendable {
     /// Arms `token` again after its report. On epoll the kernel learns of
     /// it at once; a holder asleep in epoll_wait sees it without a wake-up.
     func rearm(_ token: UInt64, in state: State) {
-        guard !lock.withLock({ state.retired }) else { return }
+        guard !state.retired.load(ordering: .relaxed) else { return }
         if state.registry.rearmNow(token) { state.registry.wake() }
     }
 
@@ -199,7 +203,7 @@ final class PoolPoller: @unchecked Sendable {
     /// release, and the watchdog's own disarm and re-check, one of them sees
     /// the other: the poller is never left unheld with the watchdog quiet.
     private func armWatchdogIfUnheld() {
-        guard isWatching, !isHeld,
+        guard wantsHolder,
               AtomicMemory.load(from: watchdogWord, ordering: .sequentiallyConsistent) == 0,
               AtomicMemory.compareAndSwap(expected: 0, desired: 1, at: watchdogWord, ordering: .sequentiallyConsistent)
         else { return }
@@ -227,7 +231,7 @@ final class PoolPoller: @unchecked Sendable {
         AtomicMemory.store(0, to: watchdogWord, ordering: .sequentiallyConsistent)
         // A release between the check above and the store saw the watchdog
         // armed and left it: look again.
-        if isWatching && !isHeld
+        if wantsHolder
             && AtomicMemory.compareAndSwap(expected: 0, desired: 1, at: watchdogWord, ordering: .sequentiallyConsistent)
         {
             return true
@@ -240,6 +244,10 @@ final class PoolPoller: @unchecked Sendable {
 
     /// Whether a worker holds the poller (stale at once).
     var isHeld: Bool { AtomicMemory.load(from: holdWord, ordering: .sequentiallyConsistent) != 0 }
+
+    /// Something is watched and nobody holds the poller: a worker should be
+    /// woken to hold it (stale at once).
+    var wantsHolder: Bool { isWatching && !isHeld }
 
     /// Makes the holder's wait return (or its next one, at once).
     func wake() {
@@ -264,8 +272,7 @@ final class PoolPoller: @unchecked Sendable {
     /// (`block` false: only looks), then runs the handlers of what it found
     /// and fires the due timers. Returns whether anything ran.
     func waitAndDispatch(block: Bool, notAfter: MonotonicClock.Instant? = nil) -> Bool {
-        let state = currentState()
-        let timers = lock.withLock { self.timers }
+        let (state, timers) = current()
         var deadline = timers?.nextDeadline()
         if let notAfter, deadline.map({ notAfter < $0 }) ?? true { deadline = notAfter }
         if !block { deadline = MonotonicClock.Instant(nanoseconds: 0) }
@@ -290,7 +297,7 @@ final class PoolPoller: @unchecked Sendable {
     func childAfterFork() {
         lock.reinitializeAfterFork()
         if let state {
-            state.retired = true
+            state.retired.store(true, ordering: .relaxed)
             _ = Unmanaged.passRetained(state)
         }
         state = nil

@@ -375,7 +375,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
                 if retireIfSpare() {
                     // Whatever it leaves (queued work, the poller) goes to
                     // a worker that stays.
-                    if pool.hasQueuedWork() || pool.poller.map({ $0.isWatching && !$0.isHeld }) == true {
+                    if pool.hasQueuedWork() || pool.poller?.wantsHolder == true {
                         pool.notifyIfNeeded()
                     }
                     return false
@@ -489,7 +489,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         AtomicMemory.add(-1, to: pool.active, ordering: .sequentiallyConsistent)
         // Work queued, or nobody waiting in the poller while something is
         // watched (the item may be waiting for an event): wake a worker.
-        if pool.hasQueuedWork() || pool.poller.map({ $0.isWatching && !$0.isHeld }) == true {
+        if pool.hasQueuedWork() || pool.poller?.wantsHolder == true {
             pool.notifyIfNeeded()
         }
     }
