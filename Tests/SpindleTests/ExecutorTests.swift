@@ -226,12 +226,23 @@ struct ExecutorTests {
 
     // MARK: Cancellation of the async waits
 
-    /// Whether `task` ended in `CancellationError` within 10 s of being
+    /// A task on Spindle's pool rather than the default executor, whose two
+    /// threads here are shared with every test running in parallel: a
+    /// synchronous test holds one for its whole run, and a check that
+    /// needed the default executor took 35-49 s in full runs (8 ms alone)
+    /// and once missed its 90 s limit.
+    private func onPool(_ body: @escaping @Sendable () async throws -> Void) -> Task<Void, any Error> {
+        Task(executorPreference: WorkQueue.global(), operation: body)
+    }
+
+    /// Whether `task` ended in `CancellationError` within 30 s of being
     /// cancelled (a wait that ignored the cancellation would hang there).
+    /// The watcher runs on the pool too, so the outcome is recorded however
+    /// late this test's own task gets a thread to read it.
     private func endsInCancellation(_ task: Task<Void, any Error>) async -> Bool {
         task.cancel()
         let outcome = LockedValue<Bool?>(nil)
-        let watcher = Task {
+        let watcher = onPool {
             do {
                 try await task.value
                 outcome.withLock { $0 = false }
@@ -241,11 +252,7 @@ struct ExecutorTests {
                 outcome.withLock { $0 = false }
             }
         }
-        // Generous: the tasks run on the default executor, whose two
-        // threads here are shared with every test running in parallel, and a
-        // synchronous test holds one for its whole run (this check took 35-49
-        // s in full runs, 8 ms alone).
-        let deadline = MonotonicClock.now.advanced(by: .seconds(90))
+        let deadline = MonotonicClock.now.advanced(by: .seconds(30))
         while outcome.withLock({ $0 }) == nil && MonotonicClock.now < deadline {
             try? await Task.sleep(for: .milliseconds(1))
         }
@@ -259,7 +266,7 @@ struct ExecutorTests {
     @Test func cancellingAnAwaitedSemaphoreWaitEndsItAndLeavesTheCountAlone() async throws {
         let semaphore = Semaphore(value: 0)
         let started = Semaphore(value: 0)
-        let waiter = Task {
+        let waiter = onPool {
             started.signal()
             try await semaphore.wait()
         }
@@ -300,8 +307,8 @@ struct ExecutorTests {
     @Test func cancellingTheOtherAsyncWaitsEndsThem() async throws {
         let group = WorkGroup()
         group.enter()
-        #expect(await endsInCancellation(Task { try await group.wait() }))
-        #expect(await endsInCancellation(Task { _ = try await group.wait(timeout: .seconds(60)) }))
+        #expect(await endsInCancellation(onPool { try await group.wait() }))
+        #expect(await endsInCancellation(onPool { _ = try await group.wait(timeout: .seconds(60)) }))
         group.leave()
         try await group.wait()
 
@@ -309,14 +316,14 @@ struct ExecutorTests {
         let queue = WorkQueue(label: "cancel.item")
         let item = WorkItem { withBlockingRegion { gate.wait() } }
         queue.async(item)
-        #expect(await endsInCancellation(Task { try await item.wait() }))
+        #expect(await endsInCancellation(onPool { try await item.wait() }))
 
         let jobs = JobQueue(name: "cancel.jobs")
         let job = jobs.add { withBlockingRegion { gate.wait() } }
-        #expect(await endsInCancellation(Task { try await job.waitUntilFinished() }))
+        #expect(await endsInCancellation(onPool { try await job.waitUntilFinished() }))
 
         let thread = try NativeThread.start { gate.wait() }
-        #expect(await endsInCancellation(Task { _ = try await thread.join() }))
+        #expect(await endsInCancellation(onPool { _ = try await thread.join() }))
 
         for _ in 0..<3 { gate.signal() }
         try await item.wait()
