@@ -133,10 +133,11 @@ struct LockStressTests {
         let counter = Protected()
         let tally = Lock()
         let counts = Protected()
-        let start = MonotonicClock.now
         runThreads(threads) { t in
-            // Thread t stops taking the lock at 150 ms + t × 20 ms.
-            let leaveAt = start.advanced(by: .milliseconds(150 + 20 * Int64(t)))
+            // Thread t takes the lock for 150 ms + t × 20 ms from its own
+            // start, so a thread the scheduler starts late (a loaded machine,
+            // TSan) still has its whole window.
+            let leaveAt = MonotonicClock.now.advanced(by: .milliseconds(150 + 20 * Int64(t)))
             var mine = 0
             var i = 0
             while MonotonicClock.now < leaveAt {
