@@ -230,7 +230,7 @@ struct ExecutorTests {
     /// threads here are shared with every test running in parallel: a
     /// synchronous test holds one for its whole run, and a check that
     /// needed the default executor took 35-49 s in full runs (8 ms alone)
-    /// and once missed its 90 s limit.
+    /// and missed its time limit in a CI run (then 10 s).
     private func onPool(_ body: @escaping @Sendable () async throws -> Void) -> Task<Void, any Error> {
         Task(executorPreference: WorkQueue.global(), operation: body)
     }
