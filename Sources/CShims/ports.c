@@ -197,6 +197,43 @@ int cshims_port_read_sealed_memfd(int fd, void *buffer, size_t count) {
     return 0;
 }
 
+int cshims_port_ring_create(size_t bytes, void **map) {
+    int fd = memfd_create("spindle.port.ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) return -errno;
+    int error = 0;
+    if (ftruncate(fd, (off_t)bytes) < 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+        error = errno;
+    } else {
+        void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p == MAP_FAILED) {
+            error = errno;
+        } else {
+            *map = p;
+            return fd;
+        }
+    }
+    close(fd);
+    return -error;
+}
+
+int cshims_port_ring_map(int fd, size_t bytes, void **map) {
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0) return errno == EINVAL ? -EBADMSG : -errno;
+    if ((seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) return -EBADMSG;
+    struct stat status;
+    if (fstat(fd, &status) < 0) return -errno;
+    if (status.st_size < 0 || (size_t)status.st_size != bytes) return -EBADMSG;
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) return -errno;
+    *map = p;
+    return 0;
+}
+
+void cshims_port_ring_unmap(void *map, size_t bytes) {
+    munmap(map, bytes);
+}
+
 int cshims_port_duplicate(int fd) {
     int copy = fcntl(fd, F_DUPFD_CLOEXEC, 0);
     return copy < 0 ? -errno : copy;

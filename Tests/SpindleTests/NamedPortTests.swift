@@ -170,6 +170,150 @@ struct NamedPortTests {
         try owner.finish()
     }
 
+    /// Buffers of 16 KiB and more go through the sending process's
+    /// shared-memory ring: every byte arrives, in order, the ring wraps
+    /// around (22 MiB through a 4 MiB ring), one buffer over the ring's
+    /// limit and small buffers go as before (inline, and in memfds past a
+    /// record's 64 KiB), and a
+    /// burst of one-way sends that fills the ring falls back to memfds
+    /// without losing or reordering anything.
+    @Test(arguments: availableBackends)
+    func largeBuffersGoThroughTheSendersRingInOrder(kind: EventBackendKind) throws {
+        let name = uniqueName("ring")
+        let got = LockedValue<[(id: UInt32, sizes: [Int], hash: UInt64)]>([])
+        let owner = try Owner(
+            NamedPort(name: name) { m in
+                let sizes = m.components.compactMap(\.bytes).map(\.count)
+                got.withLock { $0.append((m.id, sizes, ringTestHash(m))) }
+                return PortEnvelope(id: m.id)
+            }, backend: kind)
+        let remote = try RemotePort.lookup(name)
+        let plan: [[Int]] = [
+            [70 << 10], [300 << 10, 10], [1 << 20], [2 << 20], [(2 << 20) + 1], [900 << 10, 900 << 10],
+            [1 << 20], [2 << 20], [Array(repeating: 4 << 10, count: 24)].flatMap { $0 }, [2 << 20], [1_500 << 10],
+            [2 << 20], [2 << 20], [2 << 20], [700 << 10], [2 << 20], [20 << 10, 100, 16 << 10], [(16 << 10) - 1],
+        ]
+        var sent: [(id: UInt32, sizes: [Int], hash: UInt64)] = []
+        for (i, sizes) in plan.enumerated() {
+            let message = ringTestMessage(id: UInt32(i + 1), sizes: sizes)
+            sent.append((message.id, sizes, ringTestHash(message)))
+            // A request each: the owner has taken one before the next is placed.
+            _ = try remote.sendRequest(message, timeout: .seconds(5), replyTimeout: .seconds(10))
+        }
+        #expect(got.withLock { $0.map(\.id) } == sent.map(\.id))
+        #expect(got.withLock { $0.map(\.sizes) } == sent.map(\.sizes))
+        #expect(got.withLock { $0.map(\.hash) } == sent.map(\.hash))
+        // Every buffer from 16 KiB to 2 MiB; not the small ones (inline, or
+        // in memfds once 64 KiB are inline) nor the one over the limit (a memfd).
+        let ringed = plan.flatMap { $0 }.filter { $0 >= 16 << 10 && $0 <= 2 << 20 }.count
+        #expect(owner.port.sharedMemoryBuffers == ringed)
+
+        // One-way, back to back: the ring fills and some go in memfds.
+        got.withLock { $0.removeAll() }
+        sent.removeAll()
+        for i in 0..<24 {
+            let message = ringTestMessage(id: UInt32(100 + i), sizes: [(i % 3 + 1) * (400 << 10)])
+            sent.append((message.id, [message.byteCount], ringTestHash(message)))
+            try remote.send(message, timeout: .seconds(10))
+        }
+        _ = try remote.sendRequest(PortEnvelope(id: 999), timeout: .seconds(5), replyTimeout: .seconds(30))
+        let burst = got.withLock { $0.filter { $0.id != 999 } }
+        #expect(burst.map(\.id) == sent.map(\.id))
+        #expect(burst.map(\.hash) == sent.map(\.hash))
+        #expect(owner.port.malformedMessages == 0)
+        remote.invalidate()
+        try owner.finish()
+    }
+
+    /// A sender cannot make the owner read outside a ring or trust one that
+    /// could shrink: a buffer in a ring never introduced, a ring whose memfd
+    /// is not sealed, and one introduced twice each close that connection
+    /// as malformed, and only it.
+    @Test func aForgedRingClosesOnlyItsConnection() throws {
+        let name = uniqueName("forged")
+        let drops = LockedValue<[PortError]>([])
+        let namedPort = try NamedPort(name: name) { m in PortEnvelope(id: m.id) }
+        namedPort.onDroppedConnection { error in drops.withLock { $0.append(error) } }
+        let owner = try Owner(namedPort)
+        let good = try RemotePort.lookup(name)
+
+        func connectRaw() -> Int32 {
+            let address = Array("spindle.\(geteuid()).\(name)".utf8)
+            let raw = address.withUnsafeBufferPointer { cshims_port_connect($0.baseAddress, $0.count) }
+            var greeting = [UInt8](repeating: 0, count: 64)
+            guard raw >= 0, cshims_port_poll(raw, 1, 5_000_000_000) == 1, read(raw, &greeting, 64) == 24 else { return -1 }
+            return raw
+        }
+        func header(kind: UInt8, components: UInt32, sequence: UInt64) -> [UInt8] {
+            var bytes: [UInt8] = []
+            withUnsafeBytes(of: UInt32(0x504E_5053).littleEndian) { bytes += $0 }
+            bytes += [kind, 0, 0, 0]
+            withUnsafeBytes(of: UInt32(7).littleEndian) { bytes += $0 }
+            withUnsafeBytes(of: components.littleEndian) { bytes += $0 }
+            withUnsafeBytes(of: sequence.littleEndian) { bytes += $0 }
+            return bytes
+        }
+        func closedByOwner(_ raw: Int32) -> Bool {
+            var b = [UInt8](repeating: 0, count: 64)
+            return cshims_port_poll(raw, 1, 5_000_000_000) == 1 && read(raw, &b, 64) == 0
+        }
+        func send(_ raw: Int32, _ bytes: [UInt8], fds: [Int32] = []) -> Bool {
+            bytes.withUnsafeBytes { b in fds.withUnsafeBufferPointer { f in
+                cshims_port_send(raw, b.baseAddress, b.count, f.baseAddress, Int32(f.count)) == b.count
+            } }
+        }
+
+        // 1. A one-way message whose buffer is in ring 42, never introduced.
+        let unknown = connectRaw()
+        #expect(unknown >= 0)
+        var record = header(kind: 0, components: 1, sequence: 0) + [3, 0, 0, 0]
+        withUnsafeBytes(of: UInt32(100_000).littleEndian) { record += $0 }
+        withUnsafeBytes(of: UInt64(42).littleEndian) { record += $0 }
+        withUnsafeBytes(of: UInt64(0).littleEndian) { record += $0 }
+        #expect(send(unknown, record))
+        #expect(closedByOwner(unknown))
+        close(unknown)
+
+        // 2. A ring in a file that carries no seals (it could shrink under
+        //    the owner's mapping).
+        let unsealed = connectRaw()
+        #expect(unsealed >= 0)
+        var template = Array("/tmp/spindle-forged-ring-XXXXXX".utf8CString)
+        let memfd = template.withUnsafeMutableBufferPointer { mkstemp($0.baseAddress!) }
+        #expect(memfd >= 0)
+        template.withUnsafeBufferPointer { _ = unlink($0.baseAddress!) }
+        #expect(ftruncate(memfd, off_t(4096 + (4 << 20))) == 0)
+        #expect(send(unsealed, header(kind: 5, components: 0, sequence: 9), fds: [memfd]))
+        #expect(closedByOwner(unsealed))
+        close(unsealed)
+        close(memfd)
+
+        // 3. A well-made ring introduced twice under one id.
+        let twice = connectRaw()
+        #expect(twice >= 0)
+        var map: UnsafeMutableRawPointer?
+        let ring = cshims_port_ring_create(4096 + (4 << 20), &map)
+        #expect(ring >= 0)
+        #expect(send(twice, header(kind: 5, components: 0, sequence: 11), fds: [ring]))
+        #expect(send(twice, header(kind: 5, components: 0, sequence: 11), fds: [ring]))
+        #expect(closedByOwner(twice))
+        close(twice)
+        close(ring)
+        if let map { cshims_port_ring_unmap(map, 4096 + (4 << 20)) }
+
+        // The honest sender is unharmed, and its own ring works.
+        let reply = try good.sendRequest(ringTestMessage(id: 5, sizes: [1 << 20]), timeout: .seconds(5), replyTimeout: .seconds(10))
+        #expect(reply.id == 5)
+        #expect(owner.port.malformedMessages == 3)
+        #expect(owner.port.sharedMemoryBuffers == 1)
+        #expect(eventually { drops.withLock { $0.count } == 3 })
+        for reason in drops.withLock({ $0 }) {
+            if case .malformed = reason {} else { Issue.record("dropped for \(reason), not as malformed") }
+        }
+        good.invalidate()
+        try owner.finish()
+    }
+
     @Test func aLocalPortCannotCrossAProcessBoundary() throws {
         let name = uniqueName("local")
         let owner = try Owner(NamedPort(name: name) { _ in nil })
@@ -307,6 +451,15 @@ struct NamedPortTests {
         }
     }
 
+    /// A child forked after its parent used a port's ring sends through a
+    /// ring of its own, not into its parent's: both processes' large
+    /// messages arrive intact, all through rings.
+    @Test func aForkedChildSendsThroughARingOfItsOwn() async {
+        await #expect(processExitsWith: .success) {
+            exit(ringAcrossFork())
+        }
+    }
+
     /// As root: a process of user `nobody` is refused by a port that admits
     /// only its own user (`.accessDenied`), and admitted by one opened to any
     /// user; a `nobody` process squatting on root's name is detected
@@ -317,6 +470,49 @@ struct NamedPortTests {
             exit(foreignUser())
         }
     }
+}
+
+// MARK: - Ring helpers
+
+/// A message of byte buffers of `sizes`, each filled from `id` and its index
+/// (a word at a time: debug builds are slow per byte).
+private func ringTestMessage(id: UInt32, sizes: [Int]) -> PortEnvelope {
+    PortEnvelope(id: id, components: sizes.enumerated().map { i, size in
+        var state = UInt64(id) &* 0x9E37_79B9_7F4A_7C15 &+ UInt64(i)
+        return .bytes([UInt8](unsafeUninitializedCapacity: size) { buffer, initialized in
+            let raw = UnsafeMutableRawBufferPointer(buffer)
+            var j = 0
+            while j < size {
+                state = state &* 6_364_136_223_846_793_005 &+ 1_442_695_040_888_963_407
+                withUnsafeBytes(of: state) { word in
+                    let n = min(8, size - j)
+                    raw.baseAddress!.advanced(by: j).copyMemory(from: word.baseAddress!, byteCount: n)
+                }
+                j += 8
+            }
+            initialized = size
+        })
+    })
+}
+
+/// A hash of every buffer, in order, with their lengths (a word at a time).
+private func ringTestHash(_ m: PortEnvelope) -> UInt64 {
+    var hash: UInt64 = 0xCBF2_9CE4_8422_2325
+    for b in m.components.compactMap(\.bytes) {
+        b.withUnsafeBytes { raw in
+            var j = 0
+            while j + 8 <= raw.count {
+                hash = (hash ^ raw.loadUnaligned(fromByteOffset: j, as: UInt64.self)) &* 0x100_0000_01B3
+                j += 8
+            }
+            while j < raw.count {
+                hash = (hash ^ UInt64(raw[j])) &* 0x100_0000_01B3
+                j += 1
+            }
+        }
+        hash = (hash ^ UInt64(b.count)) &* 0x100_0000_01B3
+    }
+    return hash
 }
 
 // MARK: - Process bodies (return 0 when every check passed, else the failed check's number)
@@ -563,3 +759,59 @@ private func foreignUser() -> Int32 {
     return result
 }
 
+
+/// The owner runs in a child of its own, so that this process starts no
+/// thread before it forks the second sender.
+private func ringAcrossFork() -> Int32 {
+    let name = uniqueName("ringfork")
+    let owner = forkGated {
+        guard let port = try? NamedPort(name: name, { m in
+            let hash = ringTestHash(m)
+            return PortEnvelope(id: m.id, components: [.bytes(withUnsafeBytes(of: hash) { Array($0) })])
+        }), let thread = try? LoopThread.start() else { return 20 }
+        thread.loop.add(port)
+        // Once the parent's connection (the child's is a copy of it) has
+        // come and gone, report how many buffers came through rings.
+        var connected = false
+        while true {
+            let count = port.connectionCount
+            if count > 0 { connected = true } else if connected { break }
+            usleep(1_000)
+        }
+        let count = Int32(port.sharedMemoryBuffers)
+        port.invalidate()
+        thread.stop()
+        return count
+    }
+    guard owner.pid > 0 else { return 2 }
+    owner.go()
+    var found: RemotePort?
+    let deadline = MonotonicClock.now.advanced(by: .seconds(10))
+    while found == nil && MonotonicClock.now < deadline {
+        found = try? RemotePort.lookup(name)
+        if found == nil { usleep(2_000) }
+    }
+    guard let remote = found else { return 3 }
+    func exchange(_ id: UInt32, _ size: Int) -> Bool {
+        let message = ringTestMessage(id: id, sizes: [size])
+        guard let reply = try? remote.sendRequest(message, timeout: .seconds(5), replyTimeout: .seconds(10)),
+              let bytes = reply.components.first?.bytes, bytes.count == 8
+        else { return false }
+        return bytes.withUnsafeBytes { $0.load(as: UInt64.self) } == ringTestHash(message)
+    }
+    guard exchange(1, 300 << 10) else { return 4 }
+    let child = fork()
+    if child == 0 {
+        armHangAlarm(seconds: 60)
+        _exit(exchange(2, 500 << 10) ? 0 : 5)
+    }
+    guard child > 0 else { return 6 }
+    var status: Int32 = 0
+    guard waitpid(child, &status, 0) == child, status == 0 else { return 7 }
+    guard exchange(3, 1 << 20) else { return 8 }
+    remote.invalidate()
+    // The owner exits with its count of buffers taken out of rings: one
+    // from this process's ring twice, one from the child's.
+    let code = waitFor(owner.pid)
+    return code == 3 ? 0 : 100 + code
+}

@@ -439,7 +439,7 @@ let benchmarks: @Sendable () -> Void = {
     // the reference (Foundation's SocketPort drops frames over 32 KiB and
     // crashes on bursts, so it cannot be measured this way).
     let namedPortName = namedPortNames[backends[0]]!
-    for (label, size, perIteration) in [("16B", 16, 1_000), ("4KiB", 4 << 10, 1_000), ("64KiB", 64 << 10, 200), ("1MiB", 1 << 20, 20)] {
+    for (label, size, perIteration) in [("16B", 16, 1_000), ("4KiB", 4 << 10, 1_000), ("64KiB", 64 << 10, 200), ("256KiB", 256 << 10, 50), ("1MiB", 1 << 20, 20)] {
         let batchSettings = RunSettings(
             scalingFactor: .one, maxDuration: .seconds(1), maxIterations: 50, warmupIterations: 2,
             reportedMetrics: [.cpuPerOperation], operationsPerIteration: perIteration)

@@ -69,6 +69,22 @@ int cshims_port_sealed_memfd(const void *bytes, size_t count);
 // whole into `buffer`. Returns 0; -EBADMSG if the seals or size are wrong.
 int cshims_port_read_sealed_memfd(int fd, void *buffer, size_t count);
 
+// A sender's shared ring for large byte buffers: a memfd of `bytes` bytes
+// (ftruncate), sealed against shrinking and growing and then against
+// further sealing, so a receiver that maps it cannot be cut short (no
+// SIGBUS), mapped shared read-write at `*map`. Returns the descriptor, or
+// -errno (nothing left open or mapped).
+int cshims_port_ring_create(size_t bytes, void **map);
+
+// A receiver's side of such a ring: checks that `fd` carries the shrink and
+// grow seals and is `bytes` bytes long, then maps it shared read-write at
+// `*map`. Returns 0; -EBADMSG if the seals or size are wrong; -errno.
+// Does not close `fd`.
+int cshims_port_ring_map(int fd, size_t bytes, void **map);
+
+// munmap(2) of a ring mapped by either call above.
+void cshims_port_ring_unmap(void *map, size_t bytes);
+
 // fcntl(2) F_DUPFD_CLOEXEC: a second descriptor for the same socket.
 int cshims_port_duplicate(int fd);
 

@@ -30,8 +30,12 @@
 ///
 /// ## Ports in messages
 ///
-/// A message crosses the process boundary with its bytes (small ones inline,
-/// large ones in a sealed memfd) and its `.remotePort` components, each
+/// A message crosses the process boundary with its bytes (a buffer of 16
+/// KiB to 2 MiB, or one beyond the record's 64 KiB inline, in the sending
+/// process's shared-memory ring for this port, a 4 MiB memfd it maps and
+/// passes once; other buffers inline, or in a sealed memfd of their own
+/// when the record is full or the ring has no room; `sharedMemoryBuffers`
+/// counts the first kind) and its `.remotePort` components, each
 /// passed as a descriptor (`SCM_RIGHTS`) that the receiver gets as a usable
 /// `RemotePort`. `makeSendRight()` makes such a port for a `NamedPort`
 /// (published or not), so a process can hand another a port to answer on.
@@ -115,6 +119,7 @@ public final class NamedPort: @unchecked Sendable {
         var dropHandlers: [@Sendable (PortError) -> Void] = []
         var refused = 0
         var malformed = 0
+        var sharedMemoryBuffers = 0
     }
 
     /// Publishes a port as `name` for the processes of the users `access`
@@ -173,6 +178,10 @@ public final class NamedPort: @unchecked Sendable {
     /// Connections closed because they sent a malformed message.
     public var malformedMessages: Int { lock.withLock { state.malformed } }
 
+    /// Byte buffers received through a sender's shared-memory ring rather
+    /// than in the message or a memfd of their own (see `RemotePort`).
+    public var sharedMemoryBuffers: Int { lock.withLock { state.sharedMemoryBuffers } }
+
     /// Runs `handler` each time the port closes a connection on its own
     /// account, on the thread of the loop the port is in, once the
     /// connection is closed and counted, with why:
@@ -228,8 +237,11 @@ public final class NamedPort: @unchecked Sendable {
 
     /// Adds a connection's descriptor as a source in the port's modes.
     private func adopt(_ fd: Int32) {
-        // Holds the port until the connection is dropped or the port invalidated.
-        let source = LoopSource(descriptor: fd) { _, _ in self.receiveOne(on: fd) }
+        // Holds the port until the connection is dropped or the port
+        // invalidated; the source holds the rings its senders introduce, so
+        // they stay mapped while its handler runs.
+        let rings = PortReceiveRings()
+        let source = LoopSource(descriptor: fd) { _, _ in self.receiveOne(on: fd, rings: rings) }
         let placement: (ThreadLoop?, [LoopMode])? = lock.withLock {
             guard state.valid else { return nil }
             state.connections[fd] = source
@@ -287,7 +299,7 @@ public final class NamedPort: @unchecked Sendable {
     /// Receives one message from a connection and hands it to the handler
     /// (and, for a request, sends its reply). The loop calls again while the
     /// connection stays readable: one message per call.
-    private func receiveOne(on fd: Int32) {
+    private func receiveOne(on fd: Int32, rings: PortReceiveRings) {
         switch PortSocketCalls.receive(fd, into: buffer) {
         case .nothing:
             return
@@ -301,7 +313,9 @@ public final class NamedPort: @unchecked Sendable {
             }
             let decoded: PortWire.Decoded
             do throws(PortError) {
-                decoded = try PortWire.decode(UnsafeRawBufferPointer(buffer), count: count, fds: fds)
+                decoded = try PortWire.decode(UnsafeRawBufferPointer(buffer), count: count, fds: fds, rings: rings)
+                let ringed = rings.takeCount()
+                if ringed > 0 { lock.withLock { state.sharedMemoryBuffers += ringed } }
             } catch {
                 drop(fd, malformed: true, reason: error)
                 return
@@ -318,6 +332,9 @@ public final class NamedPort: @unchecked Sendable {
                 } catch {
                     drop(fd, reason: error)
                 }
+            case .ring:
+                // A sender's ring, mapped by the decode for its later buffers.
+                break
             case .reply, .welcome, .refused:
                 drop(fd, malformed: true, reason: .malformed("a \(decoded.kind) message, which a listening port never receives"))
             }

@@ -382,7 +382,7 @@ public final class NetworkPort: @unchecked Sendable {
                     drop(fd, malformed: false, reason: error)
                     return
                 }
-            case .reply, .welcome, .refused:
+            case .reply, .welcome, .refused, .ring:
                 drop(fd, malformed: true, reason: .malformed("a \(decoded.kind) frame, which a listening port never receives"))
                 return
             }

@@ -5,20 +5,28 @@ import CShims
 ///
 ///     header, 24 bytes, little-endian
 ///       0  magic          u32  0x504E5053 ("SPNP")
-///       4  kind           u8   one-way 0, request 1, reply 2, welcome 3, refused 4
+///       4  kind           u8   one-way 0, request 1, reply 2, welcome 3, refused 4,
+///                                ring 5 (a sender's ring: no components, its
+///                                memfd the one descriptor, its id the sequence)
 ///       5  reserved       u8 × 3, zero
 ///       8  message id     u32
 ///      12  components     u32  at most PortEnvelope.maximumComponentCount
 ///      16  sequence       u64  pairs a reply with its request
 ///     then per component 8 bytes
-///       0  kind           u8   inline bytes 0, bytes in a sealed memfd 1, port 2
+///       0  kind           u8   inline bytes 0, bytes in a sealed memfd 1, port 2,
+///                                bytes in the sender's ring 3
 ///       1  reserved       u8 × 3, zero
 ///       4  length         u32  bytes (0 for a port)
 ///     then the inline components' bytes, back to back.
 ///
 /// A memfd or port component takes the next descriptor, in component order.
-/// Byte components go inline while the record's inline bytes stay within
-/// `inlineBudget`; the rest go in sealed memfds, so a record fits a default
+/// A ring component takes 16 bytes of the inline area, in component order:
+/// the ring's id (u64) and the buffer's offset in it (u64; see
+/// `PortSendRing`).
+/// Byte components of 16 KiB or more go in the sender's ring when it has
+/// room (never waiting for room); the others go inline while the record's
+/// inline bytes stay within `inlineBudget`; the rest go in the ring, or in
+/// sealed memfds when it has no room, so a record fits a default
 /// socket buffer (net.core.wmem_default, 212,992 bytes) whatever the
 /// message's size. The receiver checks everything; a record that does not
 /// add up is an error on its connection only.
@@ -34,6 +42,9 @@ enum PortWire {
         /// Sent by a named port to a process whose user it does not accept,
         /// before it closes the connection.
         case refused = 4
+        /// A sender's ring for large buffers (`PortSendRing`), before the
+        /// first record that uses it.
+        case ring = 5
     }
 
     static let headerSize = 24
@@ -56,7 +67,13 @@ enum PortWire {
     ///
     /// For a stream between hosts (`descriptors` false), every byte buffer
     /// goes inline and a `.remotePort` cannot be sent.
-    static func encode(_ envelope: PortEnvelope, kind: Kind, sequence: UInt64, descriptors: Bool = true) throws(PortError) -> Record {
+    ///
+    /// With `ring` (held and prepared by the caller), a buffer that does not
+    /// fit inline goes into it if it has room; the caller commits or rolls
+    /// back once the record is sent or not.
+    static func encode(
+        _ envelope: PortEnvelope, kind: Kind, sequence: UInt64, descriptors: Bool = true, ring: PortSendRing? = nil
+    ) throws(PortError) -> Record {
         let budget = descriptors ? inlineBudget : Int.max
         try envelope.checkLimits()
         if envelope.replyPort != nil { throw .notTransferable("a LocalPort (the envelope's replyPort)") }
@@ -74,7 +91,16 @@ enum PortWire {
             for component in envelope.components {
                 switch component {
                 case .bytes(let b):
-                    if inlineTotal + b.count <= budget {
+                    if let ring, PortSendRing.takes(b.count, inlineTotal: inlineTotal, budget: budget),
+                       let place = ring.place(b)
+                    {
+                        inlineTotal += 16
+                        var position: [UInt8] = []
+                        append(place.id, to: &position)
+                        append(place.offset, to: &position)
+                        inline.append(position)
+                        bytes += [3, 0, 0, 0]
+                    } else if inlineTotal + b.count <= budget {
                         inlineTotal += b.count
                         inline.append(b)
                         bytes += [0, 0, 0, 0]
@@ -114,7 +140,12 @@ enum PortWire {
     /// Decodes a record of `count` bytes in `buffer` that came with `fds`.
     /// Takes the descriptors over: ports become `RemotePort`s, memfds are
     /// read and closed, and on any error all are closed.
-    static func decode(_ buffer: UnsafeRawBufferPointer, count: Int, fds: [Int32]) throws(PortError) -> Decoded {
+    /// `rings`: the connection's senders' rings (a `NamedPort`'s), which a
+    /// ring record adds to and ring components are read from; without them
+    /// either is malformed.
+    static func decode(
+        _ buffer: UnsafeRawBufferPointer, count: Int, fds: [Int32], rings: PortReceiveRings? = nil
+    ) throws(PortError) -> Decoded {
         // Which of `fds` this function has taken care of (a memfd read and
         // closed, a port adopted); the others are closed on failure.
         var consumed = [Bool](repeating: false, count: fds.count)
@@ -127,6 +158,16 @@ enum PortWire {
             let id = load(UInt32.self, buffer, 8)
             let componentCount = Int(load(UInt32.self, buffer, 12))
             let sequence = load(UInt64.self, buffer, 16)
+            if kind == .ring {
+                guard let rings else { throw fail("a ring, which only a named port's connection takes") }
+                guard count == headerSize, componentCount == 0, fds.count == 1 else {
+                    throw fail("a ring record with \(componentCount) components, \(count) bytes and \(fds.count) descriptors")
+                }
+                try rings.adopt(id: sequence, fd: fds[0])
+                PortSocketCalls.close(fds[0])
+                consumed[0] = true
+                return Decoded(kind: kind, sequence: sequence, envelope: PortEnvelope(id: id))
+            }
             guard componentCount <= PortEnvelope.maximumComponentCount else {
                 throw fail("\(componentCount) components, over the limit of \(PortEnvelope.maximumComponentCount)")
             }
@@ -155,6 +196,15 @@ enum PortWire {
                     nextFD += 1
                     guard let bytes else { throw fail("component \(i)'s memfd is not sealed or not \(length) bytes") }
                     components.append(.bytes(bytes))
+                case 3:
+                    guard let rings else { throw fail("component \(i) is in a ring, which only a named port's connection takes") }
+                    guard offset + 16 <= count else { throw fail("component \(i)'s ring position runs past the record's end") }
+                    total += length
+                    guard total <= PortEnvelope.maximumByteCount else { throw fail("over \(PortEnvelope.maximumByteCount) bytes") }
+                    let ring = load(UInt64.self, buffer, offset)
+                    let position = load(UInt64.self, buffer, offset + 8)
+                    components.append(.bytes(try rings.take(id: ring, offset: position, length: length)))
+                    offset += 16
                 case 2:
                     guard nextFD < fds.count else { throw fail("component \(i) lacks its descriptor") }
                     guard length == 0 else { throw fail("port component \(i) has a length") }
@@ -268,6 +318,14 @@ enum PortWire {
             }
         }
         return try result.get()
+    }
+
+    /// The record that introduces a sender's ring `id` (its memfd goes with
+    /// it, as the record's one descriptor).
+    static func ringIntroduction(id: UInt64) -> [UInt8] {
+        var bytes = bare(.ring)
+        withUnsafeBytes(of: id.littleEndian) { bytes.replaceSubrange(16..<24, with: $0) }
+        return bytes
     }
 
     /// A header-only record (welcome, refused).

@@ -63,6 +63,9 @@ public final class RemotePort: @unchecked Sendable {
     private let requestLock = Lock()
     private var nextSequence: UInt64 = 1
     private var replyBuffer: UnsafeMutableRawBufferPointer?
+    /// This process's ring for buffers too large to go inline, made with
+    /// the first such message (`PortSendRing`; a named port's only).
+    private let sendRing = PortSendRing()
 
     private struct State {
         var fd: Int32
@@ -185,9 +188,37 @@ public final class RemotePort: @unchecked Sendable {
             try withDescriptor { fd throws(PortError) in try writeFrame(frame, to: fd, before: deadline) }
             return
         }
+        if transport == .local && PortSendRing.wants(message) {
+            try withDescriptor { fd throws(PortError) in
+                try sendThroughRing(message, kind: .oneWay, sequence: 0, on: fd, before: deadline)
+            }
+            return
+        }
         let record = try PortWire.encode(message, kind: .oneWay, sequence: 0, descriptors: transport == .local)
         defer { PortSocketCalls.close(record.fds) }
         try withDescriptor { fd throws(PortError) in try write(record, to: fd, before: deadline) }
+    }
+
+    /// Encodes and sends one record whose large buffers go in the ring
+    /// (memfds if it is full or cannot be made), holding the ring from the
+    /// first byte placed to the record's send, so that records reach the
+    /// owner in the order their buffers sit in the ring. A record not sent
+    /// gives its ring space back.
+    private func sendThroughRing(
+        _ message: PortEnvelope, kind: PortWire.Kind, sequence: UInt64, on fd: Int32, before deadline: MonotonicClock.Instant
+    ) throws(PortError) {
+        sendRing.lock.lock()
+        defer { sendRing.lock.unlock() }
+        let ring = sendRing.prepare(fd: fd, before: deadline) ? sendRing : nil
+        do throws(PortError) {
+            let record = try PortWire.encode(message, kind: kind, sequence: sequence, ring: ring)
+            defer { PortSocketCalls.close(record.fds) }
+            try PortSocketCalls.send(fd, record.bytes, fds: record.fds, before: deadline)
+        } catch {
+            sendRing.rollback()
+            throw error
+        }
+        sendRing.commit()
     }
 
     /// Sends one record: as is on a Unix-domain socket, as a frame on a stream.
@@ -232,15 +263,22 @@ public final class RemotePort: @unchecked Sendable {
         defer { requestLock.unlock() }
         let sequence = nextSequence
         nextSequence += 1
-        let record = try PortWire.encode(message, kind: .request, sequence: sequence, descriptors: transport == .local)
-        defer { PortSocketCalls.close(record.fds) }
+        // Through the ring, it is encoded once the ring is held.
+        let ringed = transport == .local && PortSendRing.wants(message)
+        if ringed { try message.checkLimits() }
+        let record = ringed ? nil : try PortWire.encode(message, kind: .request, sequence: sequence, descriptors: transport == .local)
+        defer { if let record { PortSocketCalls.close(record.fds) } }
         let buffer = replyBuffer ?? {
             let b = UnsafeMutableRawBufferPointer.allocate(byteCount: PortWire.recordCapacity, alignment: 8)
             replyBuffer = b
             return b
         }()
         return try withDescriptor { fd throws(PortError) -> PortEnvelope in
-            try write(record, to: fd, before: MonotonicClock.now.advanced(by: timeout))
+            if let record {
+                try write(record, to: fd, before: MonotonicClock.now.advanced(by: timeout))
+            } else {
+                try sendThroughRing(message, kind: .request, sequence: sequence, on: fd, before: MonotonicClock.now.advanced(by: timeout))
+            }
             let deadline = MonotonicClock.now.advanced(by: replyTimeout)
             if transport == .stream {
                 return try streamReply(fd, sequence: sequence, buffer: buffer, before: deadline, replyTimeout: replyTimeout)
