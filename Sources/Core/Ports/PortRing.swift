@@ -13,14 +13,17 @@ import Glibc
 ///     offset 4096   the ring's bytes, `capacity` of them
 ///
 /// A buffer of 16 KiB or more, or one that does not fit a record inline,
-/// goes into the ring at the sender's head (wrapping at the end), and the record carries where: the
-/// ring's id and the buffer's offset from the ring's start, counted without
-/// wrapping (16 bytes in the record's inline area). The receiver copies the
-/// buffer out and moves `consumed` past it. Against the per-message sealed
-/// memfd this saves a `memfd_create`, the seals, a `close` and the kernel
-/// allocating, zeroing and freeing the buffer's pages for every message:
-/// the ring's pages stay in place. Its cost is the ring's memory, up to
-/// `capacity` plus a page per sending port, held while the port lives.
+/// goes into the ring at the sender's head (wrapping at the end), and the
+/// record carries where: the ring's id and the buffer's offset from the
+/// ring's start, counted without wrapping (16 bytes in the record's inline
+/// area). The receiver copies the buffer out and moves `consumed` past it.
+/// That is two copies, where a buffer inline takes four (into the record,
+/// into the socket, out of it, out of the record) and one in a sealed memfd
+/// a `memfd_create`, the seals, a `close` and the kernel allocating,
+/// zeroing and freeing its pages: the ring's pages stay in place. Its cost
+/// is the ring's memory, `capacity` plus a page per sending port that has
+/// sent such a buffer, held while the port lives. A ring without room
+/// never makes a sender wait: the buffer goes in a memfd.
 ///
 /// Neither side trusts the other: the receiver checks the memfd's seals
 /// (no shrinking, so a mapping never faults) and size and every offset; the
