@@ -167,7 +167,7 @@ struct EventRegistryTests {
         #expect(throws: DescriptorWatchError(descriptor: directory, reason: .alwaysReady, code: EPERM)) {
             try registry.register(directory, for: .readable)
         }
-        let closed = withPipe { r, _ in r }
+        let closed = closedDescriptorNumber()
         #expect(throws: DescriptorWatchError(descriptor: closed, reason: .notOpen, code: EBADF)) {
             try registry.register(closed, for: .readable)
         }
@@ -182,13 +182,15 @@ struct EventRegistryTests {
         var fds: [Int32] = [0, 0]
         #expect(pipe(&fds) == 0)
         defer { close(fds[1]) }
-        let token = try registry.register(fds[0], for: .readable)
+        // A number no test running beside this one gets when it closes.
+        let readEnd = movedOutOfTheWay(fds[0])
+        let token = try registry.register(readEnd, for: .readable)
         var b: UInt8 = 1
         _ = write(fds[1], &b, 1)
         var events: [ReadyEvent] = []
         _ = registry.wait(until: .now.advanced(by: .seconds(10)), events: &events)
         #expect(events.map(\.token) == [token])
-        close(fds[0])
+        close(readEnd)
         registry.rearm(token)
         events.removeAll()
         _ = registry.wait(until: .now.advanced(by: .seconds(10)), events: &events)

@@ -133,7 +133,7 @@ struct ThreadLoopRealUseTests {
             #expect(!loop.contains(fileSource, inMode: .default))
             #expect(fileSource.failure.map { "\($0)" }?.contains("descriptor \(file)") == true)
 
-            let closed = withPipe { r, _ in r }
+            let closed = closedDescriptorNumber()
             let closedSource = LoopSource(descriptor: closed) { _, _ in log.append("fired") }
             loop.add(closedSource)
             #expect(closedSource.failure?.reason == .notOpen)
@@ -142,7 +142,8 @@ struct ThreadLoopRealUseTests {
             var fds: [Int32] = [0, 0]
             #expect(pipe(&fds) == 0)
             defer { close(fds[1]) }
-            let readEnd = fds[0]
+            // A number no test running beside this one gets when it closes.
+            let readEnd = movedOutOfTheWay(fds[0])
             let victim = LoopSource(descriptor: readEnd, failed: { _, error in log.append("victim \(error.reason)") }) { _, _ in
                 log.append("victim fired")
                 close(readEnd)

@@ -99,3 +99,28 @@ public func makePipe(readEndAt number: Int32) -> (readEnd: Int32, writeEnd: Int3
     }
     return (number, fds[1])
 }
+
+/// `fd` moved to a descriptor number far above the ones the kernel hands
+/// out next (it gives the lowest free one; 600-899, as 951 is another
+/// test's), so that the number, once a test closes it, is not reused at
+/// once by another test running in parallel: a test that closes a
+/// descriptor and expects the closed number to fail (EBADF) would otherwise
+/// see the reused number succeed (seen once in CI with io_uring). Closes
+/// `fd`. Returns `fd` itself if it cannot be moved.
+public func movedOutOfTheWay(_ fd: Int32) -> Int32 {
+    let high = fcntl(fd, F_DUPFD_CLOEXEC, Int32.random(in: 600..<900))
+    guard high >= 0 else { return fd }
+    close(fd)
+    return high
+}
+
+/// A descriptor number that was open (a pipe's read end) and is closed now,
+/// far from the numbers the kernel hands out next (see `movedOutOfTheWay`).
+public func closedDescriptorNumber() -> Int32 {
+    var fds: [Int32] = [0, 0]
+    precondition(pipe(&fds) == 0, "pipe failed: \(errno)")
+    close(fds[1])
+    let high = movedOutOfTheWay(fds[0])
+    close(high)
+    return high
+}
