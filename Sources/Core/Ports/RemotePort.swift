@@ -14,6 +14,18 @@
 /// Foundation program's `SocketPort`: see `PortWireFormat`); messages on
 /// it arrive in the order sent, each whole.
 ///
+/// ## Large buffers
+///
+/// To a `NamedPort`, a byte buffer of 16 KiB to 2 MiB (or one beyond what
+/// the record holds inline) goes through a shared-memory ring that the port
+/// makes in this process with its first such buffer: a 4 MiB sealed memfd,
+/// mapped here and by the owner, passed once. Sends that use it go one at a
+/// time, so that buffers reach the owner in ring order. When the owner has
+/// not yet copied out enough to make room, the buffer goes in a sealed
+/// memfd of its own instead: a send never waits for the ring. The ring's
+/// memory stays while the port lives. A child process that sends on a port
+/// it inherited through `fork()` makes a ring of its own.
+///
 /// ## Blocking
 ///
 /// `send` waits (in `ppoll`) for room in the socket buffer at most its
