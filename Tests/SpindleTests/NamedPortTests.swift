@@ -225,6 +225,31 @@ struct NamedPortTests {
         try owner.finish()
     }
 
+    /// Replies with large buffers come back through a ring the owner makes
+    /// for the connection: every byte, through wrap-around (14 MiB through
+    /// 4 MiB), on both backends, and the requester counts them.
+    @Test(arguments: availableBackends)
+    func largeRepliesComeBackThroughTheConnectionsRing(kind: EventBackendKind) throws {
+        let name = uniqueName("replyring")
+        let sizes: [[Int]] = [[20 << 10], [300 << 10, 5], [1 << 20], [2 << 20], [(2 << 20) + 1], [1 << 20, 700 << 10]]
+        let owner = try Owner(
+            NamedPort(name: name) { m in ringTestMessage(id: m.id, sizes: sizes[Int(m.id) % sizes.count]) }, backend: kind)
+        let remote = try RemotePort.lookup(name)
+        var expected = 0
+        for id in 0..<UInt32(12) {
+            let reply = try remote.sendRequest(PortEnvelope(id: id), timeout: .seconds(5), replyTimeout: .seconds(10))
+            let want = ringTestMessage(id: id, sizes: sizes[Int(id) % sizes.count])
+            #expect(reply.id == id)
+            #expect(reply.components.compactMap(\.bytes).map(\.count) == sizes[Int(id) % sizes.count])
+            #expect(ringTestHash(reply) == ringTestHash(want))
+            expected += sizes[Int(id) % sizes.count].filter { $0 >= 16 << 10 && $0 <= 2 << 20 }.count
+        }
+        #expect(remote.sharedMemoryReplyBuffers == expected)
+        #expect(owner.port.malformedMessages == 0)
+        remote.invalidate()
+        try owner.finish()
+    }
+
     /// A sender cannot make the owner read outside a ring or trust one that
     /// could shrink: a buffer in a ring never introduced, a ring whose memfd
     /// is not sealed, and one introduced twice each close that connection

@@ -35,7 +35,8 @@
 /// process's shared-memory ring for this port, a 4 MiB memfd it maps and
 /// passes once; other buffers inline, or in a sealed memfd of their own
 /// when the record is full or the ring has no room; `sharedMemoryBuffers`
-/// counts the first kind) and its `.remotePort` components, each
+/// counts the first kind; replies take the same way back, through a ring
+/// the port makes for the connection) and its `.remotePort` components, each
 /// passed as a descriptor (`SCM_RIGHTS`) that the receiver gets as a usable
 /// `RemotePort`. `makeSendRight()` makes such a port for a `NamedPort`
 /// (published or not), so a process can hand another a port to answer on.
@@ -239,9 +240,11 @@ public final class NamedPort: @unchecked Sendable {
     private func adopt(_ fd: Int32) {
         // Holds the port until the connection is dropped or the port
         // invalidated; the source holds the rings its senders introduce, so
-        // they stay mapped while its handler runs.
+        // they stay mapped while its handler runs, and the connection's own
+        // ring for large buffers in replies.
         let rings = PortReceiveRings()
-        let source = LoopSource(descriptor: fd) { _, _ in self.receiveOne(on: fd, rings: rings) }
+        let replyRing = PortSendRing()
+        let source = LoopSource(descriptor: fd) { _, _ in self.receiveOne(on: fd, rings: rings, replyRing: replyRing) }
         let placement: (ThreadLoop?, [LoopMode])? = lock.withLock {
             guard state.valid else { return nil }
             state.connections[fd] = source
@@ -299,7 +302,7 @@ public final class NamedPort: @unchecked Sendable {
     /// Receives one message from a connection and hands it to the handler
     /// (and, for a request, sends its reply). The loop calls again while the
     /// connection stays readable: one message per call.
-    private func receiveOne(on fd: Int32, rings: PortReceiveRings) {
+    private func receiveOne(on fd: Int32, rings: PortReceiveRings, replyRing: PortSendRing) {
         switch PortSocketCalls.receive(fd, into: buffer) {
         case .nothing:
             return
@@ -326,9 +329,14 @@ public final class NamedPort: @unchecked Sendable {
             case .request:
                 let reply = handler(decoded.envelope) ?? PortEnvelope(id: decoded.envelope.id)
                 do throws(PortError) {
-                    let record = try PortWire.encode(reply, kind: .reply, sequence: decoded.sequence)
-                    defer { PortSocketCalls.close(record.fds) }
-                    try PortSocketCalls.send(fd, record.bytes, fds: record.fds, before: MonotonicClock.now.advanced(by: .seconds(1)))
+                    let deadline = MonotonicClock.now.advanced(by: .seconds(1))
+                    if PortSendRing.wants(reply) {
+                        try replyRing.send(reply, kind: .reply, sequence: decoded.sequence, on: fd, before: deadline)
+                    } else {
+                        let record = try PortWire.encode(reply, kind: .reply, sequence: decoded.sequence)
+                        defer { PortSocketCalls.close(record.fds) }
+                        try PortSocketCalls.send(fd, record.bytes, fds: record.fds, before: deadline)
+                    }
                 } catch {
                     drop(fd, reason: error)
                 }

@@ -4,9 +4,11 @@ import CShims
 import Glibc
 #endif
 
-/// Large byte buffers from a `RemotePort` to its `NamedPort` through shared
-/// memory: the sender's ring, a memfd it maps and passes to the receiver
-/// once, in a record of its own (`PortWire.Kind.ring`).
+/// Large byte buffers between a `RemotePort` and its `NamedPort` through
+/// shared memory, each way: the sender's ring (a `RemotePort`'s for its
+/// messages, a `NamedPort` connection's for its replies), a memfd it maps
+/// and passes to the receiver once, in a record of its own
+/// (`PortWire.Kind.ring`).
 ///
 ///     offset 0      consumed  u64, written by the receiver: every ring byte
 ///                             before it has been copied out
@@ -35,8 +37,8 @@ import Glibc
 /// sending on an inherited port makes a ring of its own, so the two never
 /// write into one ring.
 final class PortSendRing: @unchecked Sendable {
-    // @unchecked: `ring` and `broken` are guarded by `lock`, which a
-    // sender holds from `prepare` through its `commit` or `rollback`.
+    // @unchecked: `ring` and `broken` are guarded by `lock`, which `send`
+    // holds from `prepare` through its `commit` or `rollback`.
 
     /// Bytes of ring behind the header.
     static let capacity = 4 << 20
@@ -62,7 +64,7 @@ final class PortSendRing: @unchecked Sendable {
         var consumedWord: UnsafeMutablePointer<UInt64> { base.assumingMemoryBound(to: UInt64.self) }
     }
 
-    let lock = Lock()
+    private let lock = Lock()
     private var ring: Ring?
     /// Set once the receiver's `consumed` did not add up; memfds from then on.
     private var broken = false
@@ -87,9 +89,9 @@ final class PortSendRing: @unchecked Sendable {
     }
 
     /// Under `lock`: makes the ring and introduces it on `fd` if this
-    /// process has none yet. Returns false (the message goes without it) if
+    /// process has none yet (`send` calls it). Returns false (the message goes without it) if
     /// the ring is broken or could not be made or introduced.
-    func prepare(fd: Int32, before deadline: MonotonicClock.Instant) -> Bool {
+    private func prepare(fd: Int32, before deadline: MonotonicClock.Instant) -> Bool {
         if broken { return false }
         let pid = getpid()
         if let existing = ring {
@@ -141,8 +143,30 @@ final class PortSendRing: @unchecked Sendable {
         return (r.id, offset)
     }
 
+    /// Encodes `message` and sends it on `fd` as one record whose large
+    /// buffers go in the ring (memfds where it has no room, or if it cannot
+    /// be made), holding the ring from the first byte placed to the
+    /// record's send, so that records reach the receiver in the order their
+    /// buffers sit in the ring. A record not sent gives its space back.
+    func send(
+        _ message: PortEnvelope, kind: PortWire.Kind, sequence: UInt64, on fd: Int32, before deadline: MonotonicClock.Instant
+    ) throws(PortError) {
+        lock.lock()
+        defer { lock.unlock() }
+        let ring = prepare(fd: fd, before: deadline) ? self : nil
+        do throws(PortError) {
+            let record = try PortWire.encode(message, kind: kind, sequence: sequence, ring: ring)
+            defer { PortSocketCalls.close(record.fds) }
+            try PortSocketCalls.send(fd, record.bytes, fds: record.fds, before: deadline)
+        } catch {
+            rollback()
+            throw error
+        }
+        commit()
+    }
+
     /// Under `lock`: the record was sent; what it placed stays.
-    func commit() {
+    private func commit() {
         if var r = ring {
             r.head = r.pending
             ring = r
@@ -150,7 +174,7 @@ final class PortSendRing: @unchecked Sendable {
     }
 
     /// Under `lock`: the record was not sent; its space is free again.
-    func rollback() {
+    private func rollback() {
         if var r = ring {
             r.pending = r.head
             ring = r
@@ -158,13 +182,16 @@ final class PortSendRing: @unchecked Sendable {
     }
 }
 
-/// The rings a `NamedPort` connection's senders introduced, mapped for as
-/// long as the connection's source lives (its loop thread may be copying
-/// out of one while another thread drops the connection). Loop thread only,
-/// but for `deinit`.
+/// The rings a connection's senders introduced: a `NamedPort`
+/// connection's (mapped for as long as the connection's source lives: its
+/// loop thread may be copying out of one while another thread drops the
+/// connection), or a `RemotePort`'s for the owner's replies. One thread at
+/// a time: the loop thread, or the requester holding the port's request
+/// lock.
 final class PortReceiveRings: @unchecked Sendable {
-    // @unchecked: touched only by the loop thread that receives on the
-    // connection, and freed when the last reference goes.
+    // @unchecked: touched by one thread at a time (the connection's loop
+    // thread, or the holder of the `RemotePort`'s request lock), and freed
+    // when the last reference goes.
 
     /// At most this many senders' rings per connection (processes sharing
     /// one connection through send rights passed in messages); an

@@ -24,7 +24,9 @@
 /// not yet copied out enough to make room, the buffer goes in a sealed
 /// memfd of its own instead: a send never waits for the ring. The ring's
 /// memory stays while the port lives. A child process that sends on a port
-/// it inherited through `fork()` makes a ring of its own.
+/// it inherited through `fork()` makes a ring of its own. The owner's
+/// replies come back the same way, through a ring it makes for the
+/// connection (`sharedMemoryReplyBuffers` counts those buffers).
 ///
 /// ## Blocking
 ///
@@ -78,6 +80,10 @@ public final class RemotePort: @unchecked Sendable {
     /// This process's ring for buffers too large to go inline, made with
     /// the first such message (`PortSendRing`; a named port's only).
     private let sendRing = PortSendRing()
+    /// The owner's ring for large buffers in its replies, once it sent one.
+    /// Guarded by `requestLock`.
+    private let replyRings = PortReceiveRings()
+    private var replyRingBuffers = 0
 
     private struct State {
         var fd: Int32
@@ -182,6 +188,13 @@ public final class RemotePort: @unchecked Sendable {
         return .spindle
     }
 
+    /// Byte buffers of replies received through the owner's shared-memory
+    /// ring rather than in the reply or a memfd of their own (see "Large
+    /// buffers" above). Waits for a request in progress to finish.
+    public var sharedMemoryReplyBuffers: Int {
+        requestLock.withLock { replyRingBuffers }
+    }
+
     /// Whether the port can still send (false after `invalidate()`; a port
     /// whose owner is gone stays valid until a send finds out).
     public var isValid: Bool { lock.withLock { state.valid } }
@@ -202,35 +215,13 @@ public final class RemotePort: @unchecked Sendable {
         }
         if transport == .local && PortSendRing.wants(message) {
             try withDescriptor { fd throws(PortError) in
-                try sendThroughRing(message, kind: .oneWay, sequence: 0, on: fd, before: deadline)
+                try sendRing.send(message, kind: .oneWay, sequence: 0, on: fd, before: deadline)
             }
             return
         }
         let record = try PortWire.encode(message, kind: .oneWay, sequence: 0, descriptors: transport == .local)
         defer { PortSocketCalls.close(record.fds) }
         try withDescriptor { fd throws(PortError) in try write(record, to: fd, before: deadline) }
-    }
-
-    /// Encodes and sends one record whose large buffers go in the ring
-    /// (memfds if it is full or cannot be made), holding the ring from the
-    /// first byte placed to the record's send, so that records reach the
-    /// owner in the order their buffers sit in the ring. A record not sent
-    /// gives its ring space back.
-    private func sendThroughRing(
-        _ message: PortEnvelope, kind: PortWire.Kind, sequence: UInt64, on fd: Int32, before deadline: MonotonicClock.Instant
-    ) throws(PortError) {
-        sendRing.lock.lock()
-        defer { sendRing.lock.unlock() }
-        let ring = sendRing.prepare(fd: fd, before: deadline) ? sendRing : nil
-        do throws(PortError) {
-            let record = try PortWire.encode(message, kind: kind, sequence: sequence, ring: ring)
-            defer { PortSocketCalls.close(record.fds) }
-            try PortSocketCalls.send(fd, record.bytes, fds: record.fds, before: deadline)
-        } catch {
-            sendRing.rollback()
-            throw error
-        }
-        sendRing.commit()
     }
 
     /// Sends one record: as is on a Unix-domain socket, as a frame on a stream.
@@ -289,7 +280,7 @@ public final class RemotePort: @unchecked Sendable {
             if let record {
                 try write(record, to: fd, before: MonotonicClock.now.advanced(by: timeout))
             } else {
-                try sendThroughRing(message, kind: .request, sequence: sequence, on: fd, before: MonotonicClock.now.advanced(by: timeout))
+                try sendRing.send(message, kind: .request, sequence: sequence, on: fd, before: MonotonicClock.now.advanced(by: timeout))
             }
             let deadline = MonotonicClock.now.advanced(by: replyTimeout)
             if transport == .stream {
@@ -302,8 +293,10 @@ public final class RemotePort: @unchecked Sendable {
                         PortSocketCalls.close(fds)
                         throw .malformed("a reply larger than a record can be")
                     }
-                    let decoded = try PortWire.decode(UnsafeRawBufferPointer(buffer), count: count, fds: fds)
-                    // A late reply to an earlier request that timed out: skip it.
+                    let decoded = try PortWire.decode(UnsafeRawBufferPointer(buffer), count: count, fds: fds, rings: replyRings)
+                    replyRingBuffers += replyRings.takeCount()
+                    // A late reply to an earlier request that timed out: skip
+                    // it; the owner's ring: mapped by the decode, for later.
                     if decoded.kind == .reply && decoded.sequence == sequence { return decoded.envelope }
                 case .nothing:
                     guard PortSocketCalls.waitReadable(fd, before: deadline) else { throw .replyTimedOut(after: replyTimeout) }
