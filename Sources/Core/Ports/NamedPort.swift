@@ -329,14 +329,8 @@ public final class NamedPort: @unchecked Sendable {
             case .request:
                 let reply = handler(decoded.envelope) ?? PortEnvelope(id: decoded.envelope.id)
                 do throws(PortError) {
-                    let deadline = MonotonicClock.now.advanced(by: .seconds(1))
-                    if PortSendRing.wants(reply) {
-                        try replyRing.send(reply, kind: .reply, sequence: decoded.sequence, on: fd, before: deadline)
-                    } else {
-                        let record = try PortWire.encode(reply, kind: .reply, sequence: decoded.sequence)
-                        defer { PortSocketCalls.close(record.fds) }
-                        try PortSocketCalls.send(fd, record.bytes, fds: record.fds, before: deadline)
-                    }
+                    try replyRing.send(
+                        reply, kind: .reply, sequence: decoded.sequence, on: fd, before: MonotonicClock.now.advanced(by: .seconds(1)))
                 } catch {
                     drop(fd, reason: error)
                 }

@@ -75,8 +75,8 @@ final class PortSendRing: @unchecked Sendable {
 
     /// Whether `envelope` holds a buffer the ring would take (one of
     /// `smallestBuffer` or more, or more bytes than go inline): only then
-    /// does a sender take the ring's lock.
-    static func wants(_ envelope: PortEnvelope) -> Bool {
+    /// does `send` take the ring's lock.
+    private static func wants(_ envelope: PortEnvelope) -> Bool {
         envelope.byteCount > PortWire.inlineBudget
             || envelope.components.contains { $0.bytes.map { $0.count >= smallestBuffer } ?? false }
     }
@@ -143,14 +143,25 @@ final class PortSendRing: @unchecked Sendable {
         return (r.id, offset)
     }
 
-    /// Encodes `message` and sends it on `fd` as one record whose large
-    /// buffers go in the ring (memfds where it has no room, or if it cannot
-    /// be made), holding the ring from the first byte placed to the
-    /// record's send, so that records reach the receiver in the order their
-    /// buffers sit in the ring. A record not sent gives its space back.
+    /// Encodes `message` and sends it on `fd` (a Unix-domain sequenced-packet
+    /// socket) as one record, waiting at most until `deadline` for room in
+    /// the socket. A message with no buffer for the ring goes as is, without
+    /// the lock. Otherwise its large buffers go in the ring (memfds where it
+    /// has no room, or if it cannot be made), and the ring is held from the
+    /// first byte placed to the record's send, so that records reach the
+    /// receiver in the order their buffers sit in the ring; a record not
+    /// sent gives its space back.
     func send(
         _ message: PortEnvelope, kind: PortWire.Kind, sequence: UInt64, on fd: Int32, before deadline: MonotonicClock.Instant
     ) throws(PortError) {
+        guard Self.wants(message) else {
+            let record = try PortWire.encode(message, kind: kind, sequence: sequence)
+            defer { PortSocketCalls.close(record.fds) }
+            try PortSocketCalls.send(fd, record.bytes, fds: record.fds, before: deadline)
+            return
+        }
+        // Refused before the ring is made or introduced for it.
+        try message.checkLimits()
         lock.lock()
         defer { lock.unlock() }
         let ring = prepare(fd: fd, before: deadline) ? self : nil

@@ -213,23 +213,20 @@ public final class RemotePort: @unchecked Sendable {
             try withDescriptor { fd throws(PortError) in try writeFrame(frame, to: fd, before: deadline) }
             return
         }
-        if transport == .local && PortSendRing.wants(message) {
-            try withDescriptor { fd throws(PortError) in
-                try sendRing.send(message, kind: .oneWay, sequence: 0, on: fd, before: deadline)
-            }
-            return
-        }
-        let record = try PortWire.encode(message, kind: .oneWay, sequence: 0, descriptors: transport == .local)
-        defer { PortSocketCalls.close(record.fds) }
-        try withDescriptor { fd throws(PortError) in try write(record, to: fd, before: deadline) }
+        try withDescriptor { fd throws(PortError) in try write(message, kind: .oneWay, sequence: 0, to: fd, before: deadline) }
     }
 
-    /// Sends one record: as is on a Unix-domain socket, as a frame on a stream.
-    private func write(_ record: PortWire.Record, to fd: Int32, before deadline: MonotonicClock.Instant) throws(PortError) {
+    /// Encodes and sends `message` as one record: on a Unix-domain socket
+    /// through `sendRing` (which puts its large buffers in the ring), as a
+    /// frame on a stream.
+    private func write(
+        _ message: PortEnvelope, kind: PortWire.Kind, sequence: UInt64, to fd: Int32, before deadline: MonotonicClock.Instant
+    ) throws(PortError) {
         switch transport {
         case .local:
-            try PortSocketCalls.send(fd, record.bytes, fds: record.fds, before: deadline)
+            try sendRing.send(message, kind: kind, sequence: sequence, on: fd, before: deadline)
         case .stream:
+            let record = try PortWire.encode(message, kind: kind, sequence: sequence, descriptors: false)
             try writeFrame(PortWire.frame(record.bytes), to: fd, before: deadline)
         case .foundationStream:
             // `send` frames its own messages in this format and
@@ -266,22 +263,13 @@ public final class RemotePort: @unchecked Sendable {
         defer { requestLock.unlock() }
         let sequence = nextSequence
         nextSequence += 1
-        // Through the ring, it is encoded once the ring is held.
-        let ringed = transport == .local && PortSendRing.wants(message)
-        if ringed { try message.checkLimits() }
-        let record = ringed ? nil : try PortWire.encode(message, kind: .request, sequence: sequence, descriptors: transport == .local)
-        defer { if let record { PortSocketCalls.close(record.fds) } }
         let buffer = replyBuffer ?? {
             let b = UnsafeMutableRawBufferPointer.allocate(byteCount: PortWire.recordCapacity, alignment: 8)
             replyBuffer = b
             return b
         }()
         return try withDescriptor { fd throws(PortError) -> PortEnvelope in
-            if let record {
-                try write(record, to: fd, before: MonotonicClock.now.advanced(by: timeout))
-            } else {
-                try sendRing.send(message, kind: .request, sequence: sequence, on: fd, before: MonotonicClock.now.advanced(by: timeout))
-            }
+            try write(message, kind: .request, sequence: sequence, to: fd, before: MonotonicClock.now.advanced(by: timeout))
             let deadline = MonotonicClock.now.advanced(by: replyTimeout)
             if transport == .stream {
                 return try streamReply(fd, sequence: sequence, buffer: buffer, before: deadline, replyTimeout: replyTimeout)
