@@ -180,7 +180,9 @@ public final class NamedPort: @unchecked Sendable {
     public var malformedMessages: Int { lock.withLock { state.malformed } }
 
     /// Byte buffers received through a sender's shared-memory ring rather
-    /// than in the message or a memfd of their own (see `RemotePort`).
+    /// than in the message or a memfd of their own (see `RemotePort`). Any
+    /// thread; takes the port's short lock, never waits otherwise; stale at
+    /// once, and orders nothing.
     public var sharedMemoryBuffers: Int { lock.withLock { state.sharedMemoryBuffers } }
 
     /// Runs `handler` each time the port closes a connection on its own

@@ -190,7 +190,9 @@ public final class RemotePort: @unchecked Sendable {
 
     /// Byte buffers of replies received through the owner's shared-memory
     /// ring rather than in the reply or a memfd of their own (see "Large
-    /// buffers" above). Waits for a request in progress to finish.
+    /// buffers" above). Any thread; blocks while a request on this port is
+    /// in progress (it takes the request lock); stale at once, and orders
+    /// nothing.
     public var sharedMemoryReplyBuffers: Int {
         requestLock.withLock { replyRingBuffers }
     }
