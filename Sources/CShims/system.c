@@ -264,6 +264,26 @@ int cshims_thread_get_name(int32_t tid, char *buffer, size_t size) {
     return 0;
 }
 
+int cshims_thread_state(int32_t tid) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)tid);
+    int fd;
+    do { fd = open(path, O_RDONLY | O_CLOEXEC); } while (fd < 0 && errno == EINTR);
+    if (fd < 0) return -errno;
+    // "pid (comm) S ...": comm is at most 15 bytes (64 with a kernel
+    // thread's), so the state is within the first 128.
+    char buffer[128];
+    ssize_t n;
+    do { n = read(fd, buffer, sizeof buffer - 1); } while (n < 0 && errno == EINTR);
+    int error = n < 0 ? -errno : 0;
+    close(fd);
+    if (error != 0) return error;
+    buffer[n] = 0;
+    char *close_paren = strrchr(buffer, ')');
+    if (close_paren == NULL || close_paren[1] != ' ' || close_paren[2] == 0) return -EPROTO;
+    return (unsigned char)close_paren[2];
+}
+
 int cshims_thread_set_nice(int32_t tid, int nice) {
     if (setpriority(PRIO_PROCESS, (id_t)tid, nice) != 0) return -errno;
     return 0;

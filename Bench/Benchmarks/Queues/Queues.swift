@@ -209,6 +209,53 @@ func dispatchSkynet(number: Int, size: Int, into parent: Slots, slot: Int, of pa
     }
 }
 
+// MARK: - Nested submission to start elsewhere
+
+/// One probe of group 13: the submitter's stamp, the submitted item's stamp
+/// and its start flag, written by items and read by the benchmark thread
+/// after the submitter's signal (which orders them).
+final class NestedStart: @unchecked Sendable {
+    // @unchecked: `submitted` and `started` are written by the two items
+    // before the submitter signals the benchmark thread, which reads them
+    // after its wait; `startedFlag` is atomic.
+    var submitted: Int64 = 0
+    var started: Int64 = 0
+    let startedFlag = UnsafeMutablePointer<Int>.allocate(capacity: 1)
+
+    init() { startedFlag.initialize(to: 0) }
+    deinit { startedFlag.deallocate() }
+
+    /// The submitted item: its start time, then the flag.
+    @inline(__always)
+    func start() {
+        started = nanosecondsNow()
+        AtomicMemory.store(1, to: startedFlag, ordering: .releasing)
+    }
+
+    /// The submitter, after it submitted: computes (spins, no system call)
+    /// until the submitted item has started, 10 s at most.
+    func computeUntilStarted() {
+        let limit = nanosecondsNow() + 10_000_000_000
+        while AtomicMemory.load(from: startedFlag, ordering: .acquiring) == 0 {
+            if nanosecondsNow() > limit {
+                report("nested submit: the submitted item did not start within 10 s while its submitter computed")
+                started = nanosecondsNow()
+                return
+            }
+            spinLoopHint()
+        }
+    }
+
+    /// Records the latency of the last probe and rearms.
+    func record(_ benchmark: Benchmark) {
+        benchmark.recordTimePerOperation(elapsed: .nanoseconds(started - submitted), operations: 1)
+        AtomicMemory.store(0, to: startedFlag, ordering: .relaxed)
+    }
+}
+
+@inline(__always)
+func nanosecondsNow() -> Int64 { MonotonicClock.now.nanoseconds }
+
 // MARK: - Registration
 
 let benchmarks: @Sendable () -> Void = {
@@ -564,6 +611,74 @@ let benchmarks: @Sendable () -> Void = {
                     }
                     dispatch.sync {}
                     check(dispatchTally, expected: each * producers, "\(group)/Dispatch")
+                },
+            ])
+    }
+
+    // MARK: 13. a submission from a computing item, to its start elsewhere
+
+    do {
+        // From an item's submission (made while it runs) to the submitted
+        // item's start, while the submitter keeps computing until then: the
+        // submitted item can only start on another worker, which idles
+        // (parked since the previous probe) when the submission is made.
+        // The row's time is that latency (one probe per iteration); the
+        // CPU column counts the submitter's spin too, alike for every row.
+        // Spindle's pool as the global queue and as the task executor of
+        // `async let`, beside Dispatch's global queue (the reference) and
+        // `async let` on Swift's default executor.
+        let group = "queue.nested submit to start elsewhere"
+        let settings = RunSettings(
+            scalingFactor: .one, maxDuration: .seconds(2), maxIterations: 1_000, warmupIterations: 20,
+            reportedMetrics: [.timePerOperation, .cpuPerOperation])
+        let probe = NestedStart()
+        let done = Spindle.Semaphore(value: 0)
+        let dispatchDone = DispatchSemaphore(value: 0)
+        @Sendable func stampedChild() async { probe.start() }
+        sideBySide(
+            group: group, settings: settings,
+            implementations: [
+                Implementation("Spindle", isReference: false) { benchmark in
+                    WorkQueue.global().async {
+                        probe.submitted = nanosecondsNow()
+                        WorkQueue.global().async { probe.start() }
+                        probe.computeUntilStarted()
+                        _ = done.signal()
+                    }
+                    waitOrReport(done, group)
+                    probe.record(benchmark)
+                },
+                Implementation("Spindle async let", isReference: false) { benchmark in
+                    Task(executorPreference: WorkQueue.global()) {
+                        probe.submitted = nanosecondsNow()
+                        async let child: Void = stampedChild()
+                        probe.computeUntilStarted()
+                        await child
+                        _ = done.signal()
+                    }
+                    waitOrReport(done, group)
+                    probe.record(benchmark)
+                },
+                .reference("Dispatch") { benchmark in
+                    DispatchQueue.global().async {
+                        probe.submitted = nanosecondsNow()
+                        DispatchQueue.global().async { probe.start() }
+                        probe.computeUntilStarted()
+                        dispatchDone.signal()
+                    }
+                    waitOrReport(dispatchDone, group)
+                    probe.record(benchmark)
+                },
+                .peer("default executor async let") { benchmark in
+                    Task {
+                        probe.submitted = nanosecondsNow()
+                        async let child: Void = stampedChild()
+                        probe.computeUntilStarted()
+                        await child
+                        dispatchDone.signal()
+                    }
+                    waitOrReport(dispatchDone, group)
+                    probe.record(benchmark)
                 },
             ])
     }

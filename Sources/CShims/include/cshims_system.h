@@ -143,6 +143,12 @@ int cshims_thread_get_name_self(char *buffer, size_t size);
 // The name of thread `tid` of this process, read from /proc/self/task/<tid>/comm.
 int cshims_thread_get_name(int32_t tid, char *buffer, size_t size);
 
+// The scheduler state letter of thread `tid` of this process (the third
+// field of /proc/self/task/<tid>/stat: 'R' running or runnable, 'S' asleep,
+// 'D' in uninterruptible sleep, ...), or -errno. The name field before it
+// may hold spaces and parentheses; the state follows its last ')'.
+int cshims_thread_state(int32_t tid);
+
 // Nice value of thread `tid` (0 = the caller); Linux keeps one per thread.
 // setpriority(2) refuses a raise above RLIMIT_NICE without CAP_SYS_NICE
 // (-EACCES) and a thread of another user (-EPERM).

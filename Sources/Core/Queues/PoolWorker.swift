@@ -5,8 +5,9 @@ import CShims
 /// a blocking wait inside an item gives the worker's permit back to the pool.
 final class PoolWorker: BlockingObserver, @unchecked Sendable {
     // @unchecked: `ring` synchronizes itself (see `StealableRing`); `tick`,
-    // `isSearching`, `nextSlot` and `stealBuffer` are touched only by the
-    // worker's own thread; the park word is atomic.
+    // `isSearching` and `stealBuffer` are touched only by the worker's own
+    // thread; `slot` synchronizes itself (see `NextUnitSlot`); the park
+    // word is atomic.
 
     /// The worker's pool, unretained (the pools live for the whole
     /// process). The per-unit paths reach it through `withPool`, which costs
@@ -25,6 +26,16 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     let ring = StealableRing()
     /// 0 running, 1 parked (futex word).
     private let parkWord: UnsafeMutablePointer<UInt32>
+    /// What the worker is doing, for the pool's monitor (see `Progress`):
+    /// written by the worker alone, relaxed, read by the monitor.
+    private let progressWord: UnsafeMutablePointer<UInt64>
+    /// The worker thread's kernel id (0 until it runs), for the monitor's
+    /// look at its scheduler state.
+    private let threadIDWord: UnsafeMutablePointer<Int32>
+    /// Units this worker has started. Owner only.
+    private var unitsStarted: UInt64 = 0
+    /// `progress` at the monitor's last look. The monitor's thread only.
+    var monitorLastLook: UInt64 = 0
     /// 1 while the worker, parked, waits in the pool's poller rather than
     /// on `parkWord`: `unpark` then wakes the poller. Written by the worker,
     /// read by wakers; beside `parkWord`, which the same threads touch.
@@ -42,13 +53,16 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     /// batches). Owner thread only.
     let stealBuffer: UnsafeMutablePointer<WorkUnit>
     /// The next unit this worker runs: one its own item submitted while its
-    /// ring was empty (Tokio's LIFO slot, Go's `runnext`). Not stealable and
-    /// announced to nobody, so a chain of items that each submit the next
-    /// stays on one warm worker without a wake-up; whatever is submitted
-    /// after it goes to the ring (so the slot always holds the oldest, and
-    /// the order stays FIFO). Flushed to the ring when the worker blocks or
-    /// parks, and after `slotLimit` slot runs in a row. Owner thread only.
-    private var nextSlot: WorkUnit?
+    /// ring was empty (see `NextUnitSlot`). Whatever is submitted after it
+    /// goes to the ring, so the slot always holds the oldest and the order
+    /// stays FIFO. A fill is announced like a ring push (a parked worker is
+    /// woken if nobody searches), and a worker about to park takes a unit
+    /// that has sat there for `slotGrace` (`stealStaleSlot`): the owner
+    /// runs a chain of short items without losing one to a thief, and an
+    /// item that keeps computing after it submitted leaves its successor
+    /// to a free worker. Flushed to the ring when the worker blocks or
+    /// parks, and after `slotLimit` slot runs in a row.
+    let slot = NextUnitSlot()
     /// The workers' ring counts as of `pollGeneration` of the pool's worker
     /// list, for the spin before parking: rebuilt only when the list
     /// changed, so a spin allocates nothing. Owner thread only.
@@ -56,6 +70,13 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     private var pollGeneration = -1
     private var slotRuns = 0
     private static let slotLimit = 16
+    /// How long a unit sits in another worker's slot before a worker about
+    /// to park takes it: Go's back-off before it steals `runnext` from a
+    /// running P (`runqgrab`'s `usleep(3)`). Long against a chain's step
+    /// (its owner takes the unit back within a few hundred nanoseconds of
+    /// the item returning), short against the wake-up that brought the
+    /// thief (40-55 µs on an idle vCPU here, a few µs on bare metal).
+    static let slotGrace: Duration = .microseconds(3)
     /// State of the xorshift generator that picks the first victim of a
     /// steal. `Int.random` would read the system generator, a `getrandom`
     /// system call per steal attempt (measured: one per event-source
@@ -64,9 +85,11 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
 
     init(pool: WorkerPool) {
         poolRef = Unmanaged.passUnretained(pool)
-        let words = allocateStableWords(byteCount: 8)
+        let words = allocateStableWords(byteCount: 24)
         parkWord = words.assumingMemoryBound(to: UInt32.self)
         pollingWord = (words + 4).assumingMemoryBound(to: UInt32.self)
+        progressWord = (words + 8).assumingMemoryBound(to: UInt64.self)
+        threadIDWord = (words + 16).assumingMemoryBound(to: Int32.self)
         stealBuffer = .allocate(capacity: Self.stealLimit)
         stealSeed = UInt64(UInt(bitPattern: parkWord)) | 1
     }
@@ -104,6 +127,38 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         return itsPool == Unmanaged.passUnretained(pool).toOpaque() ? worker : nil
     }
 
+    /// The progress word: units started, shifted left by two, and the
+    /// state in the low two bits. The count tells the monitor whether the
+    /// worker ran another unit since its last look.
+    enum Progress {
+        case idle, running, inSpindleWait
+
+        static func state(of word: UInt64) -> Progress {
+            switch word & 3 {
+            case 1: .running
+            case 2: .inSpindleWait
+            default: .idle
+            }
+        }
+
+        static func word(units: UInt64, _ state: Progress) -> UInt64 {
+            units << 2 | (state == .running ? 1 : state == .inSpindleWait ? 2 : 0)
+        }
+    }
+
+    /// The progress word now (stale at once; the monitor's read).
+    var progress: UInt64 { AtomicMemory.load(from: progressWord, ordering: .relaxed) }
+
+    /// Whether the kernel reports the worker's thread asleep (anything but
+    /// running or runnable): a wait the pool was not told of, when the
+    /// worker is running a unit outside Spindle's waits.
+    var isAsleepInKernel: Bool {
+        let tid = AtomicMemory.load(from: threadIDWord, ordering: .relaxed)
+        guard tid > 0 else { return false }
+        let state = cshims_thread_state(tid)
+        return state > 0 && state != Int32(UInt8(ascii: "R"))
+    }
+
     func start() {
         var attributes = NativeThread.Attributes()
         attributes.name = "spindle.\(pool.band.threadName)"
@@ -139,6 +194,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         _ = cshims_set_timer_slack(1)
         BlockingObserver.install(self)
         defer { BlockingObserver.install(nil) }
+        AtomicMemory.store(cshims_gettid(), to: threadIDWord, ordering: .relaxed)
         // The global queues of the two lanes, unretained (they live for the
         // whole process): a frame per unit then costs no reference counting
         // on an object every worker shares.
@@ -151,7 +207,11 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         while true {
             if let (unit, lane) = findWork() {
                 if isSearching { stopSearching() }
+                // Relaxed: hints for the monitor, on the worker's own line.
+                unitsStarted &+= 1
+                AtomicMemory.store(Progress.word(units: unitsStarted, .running), to: progressWord, ordering: .relaxed)
                 QueueFrame.with(unretained: laneQueues[lane]) { unit.run() }
+                AtomicMemory.store(Progress.word(units: unitsStarted, .idle), to: progressWord, ordering: .relaxed)
                 // Over width: a worker came back from a blocking wait while
                 // its replacement ran. Give the permit back.
                 if AtomicMemory.load(from: active, ordering: .relaxed) > width {
@@ -184,18 +244,16 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     private func findWork() -> (WorkUnit, lane: Int)? {
         let defaultLane = WorkerPool.defaultLane
         tick &+= 1
-        if nextSlot != nil {
-            // After `slotLimit` slot runs in a row the slot's unit becomes
-            // stealable, if anything else waits (its own ring or the
+        if slot.isFullForOwner {
+            // After `slotLimit` slot runs in a row the slot's unit moves to
+            // the ring, if anything else waits (its own ring or the
             // injector) that another worker could take meanwhile; with
             // nothing else queued there is nobody to be fair to, and a
             // flush would only wake a worker to steal the chain.
-            if slotRuns >= Self.slotLimit && (!ring.isEmptyForOwner || withPool { $0.injectorHasWork })
-            {
+            if slotRuns >= Self.slotLimit && (!ring.isEmptyForOwner || withPool { $0.injectorHasWork }) {
                 flushSlot()
-            } else {
+            } else if let unit = slot.take() {
                 slotRuns += 1
-                let unit = nextSlot.take()!
                 return (unit, defaultLane)
             }
         }
@@ -247,22 +305,27 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         return nil
     }
 
-    /// Whether units are queued in this worker's ring (stale at once;
-    /// sequentially consistent loads, for the pool's wake-up checks).
-    var hasQueuedWork: Bool { ring.count > 0 }
+    /// Whether units are queued in this worker's ring or slot (stale at
+    /// once; sequentially consistent loads, for the pool's wake-up checks).
+    var hasQueuedWork: Bool { ring.count > 0 || slot.fullWord != nil }
 
-    /// Pushes a unit submitted from this worker onto its own ring.
-    /// Returns whether other workers should hear of it (false for the slot).
+    /// Whether units are queued in this worker's ring, not counting its
+    /// slot (see `hasQueuedWork`).
+    var hasQueuedRingWork: Bool { ring.count > 0 }
+
+    /// Pushes a unit submitted from this worker: into its slot if the ring
+    /// is empty and `mayUseSlot`, else onto its ring. Either way the caller
+    /// announces it (`WorkerPool.notifyIfNeeded`).
     @inline(__always)
-    func pushLocal(_ unit: consuming WorkUnit, mayUseSlot: Bool) -> Bool {
+    func pushLocal(_ unit: consuming WorkUnit, mayUseSlot: Bool) {
         // Only this thread adds to its ring, so an empty one cannot fill
         // meanwhile.
-        if mayUseSlot && nextSlot == nil && ring.isEmptyForOwner {
-            nextSlot = unit
-            return false
+        if mayUseSlot && ring.isEmptyForOwner {
+            guard let refused = slot.fill(unit) else { return }
+            ring.push(refused)
+            return
         }
         ring.push(unit)
-        return true
     }
 
     /// Moves the slot's unit to the front of the ring, where others can
@@ -271,7 +334,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     /// injector instead: it may then start after units this worker
     /// submitted later, as any unit a thief takes may.
     private func flushSlot() {
-        guard let unit = nextSlot.take() else { return }
+        guard let unit = slot.take() else { return }
         if let refused = ring.pushFront(unit) {
             let pool = self.pool
             pool.lock.lock()
@@ -290,6 +353,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     /// order. The caller holds the pool's lock. Owner only (or the child
     /// after `fork()`, where the owner is gone).
     func moveQueuedWork(to injector: WorkRing) {
+        if let unit = slot.take() { injector.pushBack(unit) }
         while let unit = ring.pop() { injector.pushBack(unit) }
     }
 
@@ -355,7 +419,8 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         pool.lock.unlock()
         // The other half of the submitter's push-then-check: work pushed
         // before our decrement became visible is seen here.
-        if pool.hasQueuedWork() && reclaimPermit() { return true }
+        if pool.hasQueuedRingWork() && reclaimPermit() { return true }
+        if stealStaleSlot() && reclaimPermit() { return true }
         let futex = Futex(parkWord)
         var deadline: MonotonicClock.Instant? = spare ? MonotonicClock.now.advanced(by: WorkerPool.idleExit) : nil
         while AtomicMemory.load(from: parkWord, ordering: .acquiring) == 1 {
@@ -416,7 +481,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
             dispatchingWhileParked = false
             AtomicMemory.store(0, to: pollingWord, ordering: .sequentiallyConsistent)
             if AtomicMemory.load(from: parkWord, ordering: .acquiring) == 0 { return .running }
-            if ran && (nextSlot != nil || !ring.isEmptyForOwner) {
+            if ran && (slot.isFullForOwner || !ring.isEmptyForOwner) {
                 if reclaimPermit() { return .running }
                 flushSlot()
                 return .parkOn
@@ -444,6 +509,34 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         pool.lock.unlock()
         isSearching = true
         return true
+    }
+
+    /// A worker about to park, its permit given back: if another worker's
+    /// slot holds a unit, waits out `slotGrace` and takes the unit if it is
+    /// still the same one (its owner is still running the item that
+    /// submitted it), into its own ring. A slot filled after this look is
+    /// announced to a pool that counts this worker parked, so a look is
+    /// enough. Returns whether it took one.
+    private func stealStaleSlot() -> Bool {
+        let pool = self.pool
+        var seen: [(PoolWorker, UInt64)] = []
+        for worker in pool.workerSnapshot() where worker !== self {
+            if let word = worker.slot.fullWord { seen.append((worker, word)) }
+        }
+        if seen.isEmpty { return false }
+        let deadline = MonotonicClock.now.advanced(by: Self.slotGrace)
+        while MonotonicClock.now < deadline {
+            for _ in 0..<16 { spinLoopHint() }
+            // Every owner has taken its unit back: nothing to wait for.
+            if !seen.contains(where: { $0.0.slot.fullWord == $0.1 }) { return false }
+        }
+        for (victim, word) in seen {
+            if let unit = victim.slot.steal(ifStill: word) {
+                ring.push(unit)
+                return true
+            }
+        }
+        return false
     }
 
     /// After `idleExit` without work: a worker beyond `width` leaves the pool.
@@ -485,6 +578,9 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     override func willBlock() {
         gaveUpPermit = !dispatchingWhileParked
         guard gaveUpPermit else { return }
+        if Progress.state(of: progress) == .running {
+            AtomicMemory.store(Progress.word(units: unitsStarted, .inSpindleWait), to: progressWord, ordering: .relaxed)
+        }
         flushSlot()
         AtomicMemory.add(-1, to: pool.active, ordering: .sequentiallyConsistent)
         // Work queued, or nobody waiting in the poller while something is
@@ -495,6 +591,10 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     }
 
     override func didUnblock() {
-        if gaveUpPermit { AtomicMemory.add(1, to: pool.active, ordering: .sequentiallyConsistent) }
+        guard gaveUpPermit else { return }
+        if Progress.state(of: progress) == .inSpindleWait {
+            AtomicMemory.store(Progress.word(units: unitsStarted, .running), to: progressWord, ordering: .relaxed)
+        }
+        AtomicMemory.add(1, to: pool.active, ordering: .sequentiallyConsistent)
     }
 }

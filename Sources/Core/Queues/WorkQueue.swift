@@ -251,6 +251,10 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
         priority.pool.activeCount
     }
 
+    /// Looks the standard pool's monitor has taken (see `PoolMonitor`): it
+    /// takes one every 10 ms while a worker runs, none while all are parked.
+    package static var poolMonitorLooks: Int { WorkerPool.standard.monitor.looks }
+
     /// How many workers each pool keeps: `Topology.availableCPUCount`.
     package static var poolWidth: Int { WorkerPool.standard.width }
 

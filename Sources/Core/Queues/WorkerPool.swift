@@ -18,24 +18,35 @@ import CShims
 ///   compare-and-swap); a worker that submits to its own pool pushes there
 ///   (the submitter runs the work soon, on a warm cache). A continuation
 ///   (an item's `async` onto a global queue, or the first drain of a
-///   serial queue) submitted while the ring is empty
-///   goes to the worker's next-unit slot instead: no wake-up, not stealable,
-///   so a chain of items stays on one worker (Tokio's LIFO slot, Go's
-///   `runnext`); the slot is flushed to the ring when the item blocks or the
-///   worker parks, and after 16 slot runs in a row. Other threads push to the
-///   shared injector, in two lanes (high before default; the `standard` band
-///   serves both); a worker takes a fair share of the default lane per trip
-///   through the lock (Go's `globrunqget`). A worker looks in its slot, the
-///   high lane, its own ring, the default lane, then steals half of another
-///   worker's ring. Every 61st look starts at the injector so a busy local
-///   ring cannot starve it (Go's `schedtick % 61`).
-/// - **Waking.** A submitter wakes a worker only if nobody is searching and
-///   a permit is free (Tokio's `notify_parked`); a searcher that finds work
-///   and was the last one searching wakes another if more is queued, so a
-///   burst spreads over the pool one wake-up at a time. A worker about to
-///   park re-checks every ring after giving up its permit (a Dekker pair of
-///   sequentially consistent operations with the submitter's push and
-///   check), so no submission is left with every worker asleep.
+///   serial queue) submitted while the ring is empty goes to the worker's
+///   next-unit slot instead (`NextUnitSlot`; Tokio's LIFO slot, Go's
+///   `runnext`), which its owner runs next, so a chain of items stays on
+///   one worker. The slot is flushed to the ring when the item blocks in a
+///   Spindle wait or the worker parks, and after 16 slot runs in a row.
+///   Other threads push to the shared injector, in two lanes (high before
+///   default; the `standard` band serves both); a worker takes a fair share
+///   of the default lane per trip through the lock (Go's `globrunqget`). A
+///   worker looks in its slot, the high lane, its own ring, the default
+///   lane, then steals half of another worker's ring. Every 61st look
+///   starts at the injector so a busy local ring cannot starve it (Go's
+///   `schedtick % 61`).
+/// - **How a submitted unit reaches a free worker, and when.** Every
+///   submission, to a ring, the injector or a slot, is announced: if no
+///   worker is searching and a permit is free, one parked worker is woken
+///   (below). A searcher that finds nothing parks, and on its way (its
+///   permit given back) looks at every ring and slot once more: a ring's
+///   unit it takes at once; a slot's unit it takes if the slot still holds
+///   the same unit after `PoolWorker.slotGrace` (3 µs, Go's back-off before
+///   it steals `runnext`). So a unit submitted while a worker is free
+///   starts within one wake-up, one spin (`spinBeforePark`) and the grace,
+///   whatever its submitter does next; the owner of a chain whose items
+///   return within the grace keeps the chain, and the cost is a wake-up of
+///   a parked worker when a chain step finds nobody searching (Go pays the
+///   same in `ready`'s `wakep`). A unit queued while every permit is held
+///   waits for a worker to finish, or, when workers hold their permits
+///   while blocked outside Spindle's waits (a plain `read()`), for the
+///   pool's monitor (`PoolMonitor`, Go's `sysmon`) to lend their permits
+///   to new workers, within two monitor periods (20 ms).
 /// - **Spinning.** One worker per pool at a time (whoever takes the spinner
 ///   word; a count of searchers would let two that check at once both
 ///   park) spins before parking, for at most `spinBeforePark` (5 µs),
@@ -168,6 +179,7 @@ final class WorkerPool: @unchecked Sendable {
         words = allocateStableWords(byteCount: 256)
         ForkHandlers.install()
         if band == .standard { poller = makeImmortal(PoolPoller(pool: self)) }
+        monitor = makeImmortal(PoolMonitor(pool: self))
     }
 
     /// The kernel watches of queue-targeted event sources, waited on by an
@@ -175,6 +187,10 @@ final class WorkerPool: @unchecked Sendable {
     /// `init`, never after; immortal, as the pools are (no reference
     /// counting on it from the workers).
     private(set) var poller: PoolPoller?
+
+    /// The watch over workers blocked outside Spindle's waits (see
+    /// `PoolMonitor`). Immortal, as the pool.
+    private(set) var monitor: PoolMonitor! = nil
 
     // MARK: Submitting
 
@@ -185,8 +201,7 @@ final class WorkerPool: @unchecked Sendable {
     func submit(_ unit: consuming WorkUnit, lane: Int, shared: Bool = false) {
         var unit: WorkUnit? = consume unit
         if lane == Self.defaultLane, let worker = PoolWorker.current(in: self) {
-            let announce = worker._withUnsafeGuaranteedRef { $0.pushLocal(unit.take().unsafelyUnwrapped, mayUseSlot: !shared) }
-            if !announce { return }
+            worker._withUnsafeGuaranteedRef { $0.pushLocal(unit.take().unsafelyUnwrapped, mayUseSlot: !shared) }
         } else {
             lock.lock()
             if lane == Self.highLane {
@@ -224,16 +239,20 @@ final class WorkerPool: @unchecked Sendable {
         if let worker = takeIdleWorker() {
             AtomicMemory.add(1, to: active, ordering: .sequentiallyConsistent)
             AtomicMemory.add(1, to: searching, ordering: .sequentiallyConsistent)
+            let startMonitor = monitor.armIfAsleep()
             lock.unlock()
             worker.unpark()
+            if startMonitor { monitor.startThread() }
         } else if threadCount < maximumThreads {
             threadCount += 1
             AtomicMemory.add(1, to: active, ordering: .sequentiallyConsistent)
             AtomicMemory.add(1, to: searching, ordering: .sequentiallyConsistent)
             let worker = PoolWorker(pool: self)
             workers.append(worker)
+            let startMonitor = monitor.armIfAsleep()
             lock.unlock()
             worker.start()
+            if startMonitor { monitor.startThread() }
         } else {
             lock.unlock()
         }
@@ -256,14 +275,18 @@ final class WorkerPool: @unchecked Sendable {
         return idle.removeLast()
     }
 
-    /// Whether any ring of the pool holds work (stale at once; for wake-up
-    /// decisions).
+    /// Whether any ring or slot of the pool holds work (stale at once; for
+    /// wake-up decisions).
     func hasQueuedWork() -> Bool {
         if injectorHasWork { return true }
-        lock.lock()
-        let all = workers
-        lock.unlock()
-        return all.contains { $0.hasQueuedWork }
+        return workerSnapshot().contains { $0.hasQueuedWork }
+    }
+
+    /// As `hasQueuedWork`, not counting the workers' slots (a parking
+    /// worker looks at those apart, see `PoolWorker.stealStaleSlot`).
+    func hasQueuedRingWork() -> Bool {
+        if injectorHasWork { return true }
+        return workerSnapshot().contains { $0.hasQueuedRingWork }
     }
 
     // MARK: Taking work
@@ -362,12 +385,14 @@ final class WorkerPool: @unchecked Sendable {
         let survivor = PoolWorker.current.flatMap { $0.pool === self ? $0 : nil }
         for worker in workers {
             worker.ring.reclaimAfterFork()
+            worker.slot.reclaimAfterFork()
             if worker !== survivor { worker.moveQueuedWork(to: defaultInjector) }
         }
         workers = survivor.map { [$0] } ?? []
         idle = []
         threadCount = workers.count
         poller?.childAfterFork()
+        monitor.childAfterFork()
         AtomicMemory.store(workers.count, to: active, ordering: .relaxed)
         AtomicMemory.store(0, to: searching, ordering: .relaxed)
         if !highInjector.isEmpty || !defaultInjector.isEmpty { notifyIfNeeded() }
