@@ -175,6 +175,7 @@ __thread void *cshims_current_thread_record = NULL;
 __thread char cshims_thread_token_byte;
 __thread void *cshims_queue_frame_record = NULL;
 __thread void *cshims_blocking_observer_record = NULL;
+unsigned cshims_fork_epoch_value = 0;
 _Alignas(64) unsigned char cshims_sync_buckets[CSHIMS_SYNC_BUCKETS * 64];
 
 // The kernel's per-thread CPU clock id: bits 0-1 the clock (2 = scheduler

@@ -289,4 +289,74 @@ struct JobQueueTests {
         queue.waitUntilAllJobsAreFinished()
         #expect(waiters.allSatisfy { $0.isFinished })
     }
+
+    @Test func droppingASuspendedQueueFinishesItsUnrunJobsAndFreesThem() {
+        // A suspended queue nobody holds can never be resumed: its jobs that
+        // never ran finish cancelled, without running, when it goes, so that
+        // a dependent in another queue and its waiter are released, and the
+        // jobs are freed (as a dropped suspended WorkQueue frees its items).
+        let other = JobQueue(name: "other")
+        let ran = OrderLog()
+        let cancelledAtCompletion = OrderLog()
+        weak var watchedQueue: JobQueue?
+        weak var first: Job?
+        weak var second: Job?
+        weak var watchedDependent: Job?
+        do {
+            let dependent = ClosureJob(name: "dependent") { ran.append(3) }
+            watchedDependent = dependent
+            do {
+                let queue = JobQueue(name: "dropped")
+                watchedQueue = queue
+                queue.isSuspended = true
+                let a = ClosureJob(name: "a") { ran.append(1) }
+                let b = ClosureJob(name: "b") { ran.append(2) }
+                b.addDependency(a)
+                for (number, job) in [(1, a), (2, b)] {
+                    job.completionHandler = { [unowned job] in
+                        if job.isCancelled { cancelledAtCompletion.append(number) }
+                    }
+                }
+                queue.add([a, b])
+                dependent.addDependency(b)
+                other.add(dependent)
+                first = a
+                second = b
+            }
+            // The waiter on the dependent is released.
+            #expect(dependent.waitUntilFinished(timeout: .seconds(30)) == .completed)
+            #expect(!dependent.isCancelled)
+        }
+        #expect(other.waitUntilAllJobsAreFinished(timeout: .seconds(30)) == .completed)
+        #expect(watchedQueue == nil, "a dropped suspended JobQueue was kept alive")
+        // The dependent's worker lets go of it just after its waiters return.
+        let deadline = MonotonicClock.now.advanced(by: .seconds(30))
+        while (first != nil || second != nil || watchedDependent != nil) && MonotonicClock.now < deadline {
+            NativeThread.sleep(for: .milliseconds(1))
+        }
+        #expect(first == nil && second == nil, "the jobs of a dropped suspended JobQueue were never freed")
+        #expect(watchedDependent == nil)
+        #expect(ran.all == [3], "only the dependent's work runs")
+        #expect(cancelledAtCompletion.all.sorted() == [1, 2])
+    }
+
+    @Test func droppingARunningQueueLetsItsJobsRun() {
+        // Not suspended: a queue nobody holds keeps itself alive while it
+        // has jobs, which run (and wait for their dependencies) as usual.
+        let log = OrderLog()
+        let blocker = ClosureJob(name: "blocker") {}
+        let late = ClosureJob(name: "late") { log.append(1) }
+        weak var watchedQueue: JobQueue?
+        do {
+            let queue = JobQueue(name: "dropped.running")
+            watchedQueue = queue
+            late.addDependency(blocker)
+            queue.add(late)
+        }
+        #expect(watchedQueue != nil, "a queue with unfinished jobs was freed")
+        blocker.start()
+        #expect(late.waitUntilFinished(timeout: .seconds(30)) == .completed)
+        #expect(log.all == [1])
+        #expect(!late.isCancelled)
+    }
 }

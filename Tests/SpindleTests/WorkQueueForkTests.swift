@@ -22,6 +22,39 @@ struct WorkQueueForkTests {
             exit(forkAfterThePoolHasStarted())
         }
     }
+
+    /// Queues whose drains run on pool workers at the fork (an item of a
+    /// serial queue, two of a concurrent one, each blocked on a semaphore,
+    /// with items queued behind them, and a queue targeting the serial one):
+    /// in the child those workers do not exist, and the queues work again:
+    /// `sync` returns after the items queued behind, a barrier runs, and
+    /// the items that were running are lost. The child has an alarm: a hang
+    /// fails the test.
+    @Test func queuesWithADrainInFlightAtTheForkWorkInTheChild() async {
+        await #expect(processExitsWith: .success) {
+            exit(forkWhileDrainsAreInFlight())
+        }
+    }
+
+    /// The forking thread runs an item of a serial queue (a `sync` on the
+    /// idle queue, run on the calling thread) and one of a concurrent queue
+    /// that a worker also runs an item of: in the child, the forking thread's
+    /// items go on and end as usual, and both queues then work (a barrier
+    /// waits for the forking thread's item, not for the lost one).
+    @Test func forkingFromInsideItemsKeepsThoseItemsAndFreesTheLostOnes() async {
+        await #expect(processExitsWith: .success) {
+            exit(forkFromInsideItems())
+        }
+    }
+
+    /// Forks repeatedly while other threads submit to a serial queue and
+    /// wait for it (so its lock and drain are held at some forks): each
+    /// child's `sync` on the queue returns.
+    @Test func forkingWhileOtherThreadsUseAQueueLeavesItUsableInTheChild() async {
+        await #expect(processExitsWith: .success) {
+            exit(forkWhileOtherThreadsSubmit())
+        }
+    }
 }
 
 /// Returns 0 when the child and the parent passed, else the number of the
@@ -103,4 +136,177 @@ private func childUsesTheQueues(_ serial: WorkQueue) -> Int32 {
     // The child started workers of its own.
     guard WorkQueue.workerThreadCount(for: .default) > 0, processThreadCount() > 1 else { return 17 }
     return 0
+}
+
+/// Waits for a forked child; 0 if it exited with 0, else its status (128 +
+/// the signal for a signal, such as the hang alarm), or `failure` if the
+/// wait failed.
+private func childResult(_ child: pid_t, failure: Int32) -> Int32 {
+    guard child > 0 else { return failure }
+    var status: Int32 = 0
+    guard waitpid(child, &status, 0) == child else { return failure }
+    let signal = status & 0x7f
+    return signal == 0 ? (status >> 8) & 0xff : 128 + signal
+}
+
+/// Forks while a serial queue, a queue targeting it and a concurrent queue
+/// each have a drain running an item blocked on a semaphore, with more
+/// items queued behind; 0 when the child and the parent passed.
+private func forkWhileDrainsAreInFlight() -> Int32 {
+    let serial = WorkQueue(label: "fork.inflight.serial")
+    let chained = WorkQueue(label: "fork.inflight.chained", target: serial)
+    let concurrent = WorkQueue(label: "fork.inflight.concurrent", kind: .concurrent)
+    let entered = Semaphore(value: 0)
+    let release = Semaphore(value: 0)
+    let serialLog = OrderLog()
+    let chainedLog = OrderLog()
+    let concurrentLog = OrderLog()
+
+    // The drains take their items (a serial drain takes a batch) and block
+    // in them; what is queued after that stays in the queues' rings.
+    serial.async {
+        _ = entered.signal()
+        _ = release.wait(timeout: .seconds(60))
+    }
+    for _ in 0..<2 {
+        concurrent.async {
+            _ = entered.signal()
+            _ = release.wait(timeout: .seconds(60))
+        }
+    }
+    for _ in 0..<3 { guard entered.wait(timeout: .seconds(30)) else { return 100 } }
+    for i in 0..<10 { serial.async { serialLog.append(i) } }
+    // Its drain is an item of `serial`, queued behind the ten.
+    for i in 0..<10 { chained.async { chainedLog.append(i) } }
+    concurrent.asyncBarrier { concurrentLog.append(-1) }
+    for i in 0..<10 { concurrent.async { concurrentLog.append(i) } }
+
+    let child = fork()
+    if child == 0 {
+        armHangAlarm(seconds: 60)  // a hang fails the test instead of stalling it
+        _exit(childUsesQueuesWhoseDrainsWereLost(serial, chained, concurrent, serialLog, chainedLog, concurrentLog))
+    }
+    for _ in 0..<3 { _ = release.signal() }
+    let result = childResult(child, failure: 101)
+    guard result == 0 else { return result }
+
+    // The parent's queues ran everything, in order.
+    let serialSeen = serial.sync { serialLog.all }
+    guard serialSeen == Array(0..<10) else { return 102 }
+    guard chained.sync({ chainedLog.all }) == Array(0..<10) else { return 103 }
+    concurrent.syncBarrier {}
+    guard concurrentLog.all.first == -1, concurrentLog.all.dropFirst().sorted() == Array(0..<10) else { return 104 }
+    return 0
+}
+
+/// In the forked child of `forkWhileDrainsAreInFlight`: 0 if every check
+/// passed, else the failed check.
+private func childUsesQueuesWhoseDrainsWereLost(
+    _ serial: WorkQueue, _ chained: WorkQueue, _ concurrent: WorkQueue,
+    _ serialLog: OrderLog, _ chainedLog: OrderLog, _ concurrentLog: OrderLog
+) -> Int32 {
+    // The items queued behind the lost one run, in order, before the sync.
+    let seen = serial.sync { serialLog.all }
+    guard seen == Array(0..<10) else { return 11 }
+    // The queue targeting it: its drain (queued on `serial` in the parent)
+    // is made again.
+    guard chained.sync({ chainedLog.all }) == Array(0..<10) else { return 12 }
+    // The concurrent queue's lost items no longer count as running: the
+    // barrier runs, then the items after it.
+    concurrent.syncBarrier {}
+    let concurrentSeen = concurrentLog.all
+    guard concurrentSeen.first == -1, concurrentSeen.dropFirst().sorted() == Array(0..<10) else { return 13 }
+    // And the queues go on working.
+    let group = WorkGroup()
+    let more = OrderLog()
+    for i in 0..<20 {
+        serial.async(group: group) { more.append(i) }
+        chained.async(group: group) {}
+        concurrent.async(group: group) {}
+    }
+    concurrent.asyncBarrier(group: group) {}
+    guard group.wait(timeout: .seconds(30)) == .completed, more.all == Array(0..<20) else { return 14 }
+    return 0
+}
+
+/// Forks on the main thread inside a `sync` item of a serial queue, nested
+/// in a `sync` item of a concurrent queue one of whose items a worker runs;
+/// 0 when the child and the parent passed.
+private func forkFromInsideItems() -> Int32 {
+    let serial = WorkQueue(label: "fork.inside.serial")
+    let concurrent = WorkQueue(label: "fork.inside.concurrent", kind: .concurrent)
+    let entered = Semaphore(value: 0)
+    let release = Semaphore(value: 0)
+    concurrent.async {
+        _ = entered.signal()
+        _ = release.wait(timeout: .seconds(60))
+    }
+    guard entered.wait(timeout: .seconds(30)) else { return 100 }
+    let log = OrderLog()
+    var child: pid_t = -1
+    concurrent.sync {
+        serial.sync {
+            child = fork()
+            if child == 0 {
+                armHangAlarm(seconds: 60)
+                // Still inside both items: queued behind them.
+                serial.async { log.append(1) }
+                concurrent.asyncBarrier { log.append(2) }
+            }
+        }
+    }
+    if child == 0 {
+        // Out of both items now: they ended as usual, and what was queued
+        // behind them runs.
+        guard serial.sync({ log.all.contains(1) }) else { _exit(20) }
+        concurrent.syncBarrier {}
+        guard log.all.sorted() == [1, 2] else { _exit(21) }
+        let group = WorkGroup()
+        for _ in 0..<10 {
+            serial.async(group: group) {}
+            concurrent.async(group: group) {}
+        }
+        guard group.wait(timeout: .seconds(30)) == .completed else { _exit(22) }
+        _exit(0)
+    }
+    _ = release.signal()
+    let result = childResult(child, failure: 101)
+    guard result == 0 else { return result }
+    concurrent.syncBarrier {}
+    serial.sync {}
+    return 0
+}
+
+/// Forks 40 times while two threads submit to one serial queue and wait
+/// for it; 0 when every child passed.
+private func forkWhileOtherThreadsSubmit() -> Int32 {
+    let queue = WorkQueue(label: "fork.busy")
+    let stop = LockedValue(false)
+    let done = Semaphore(value: 0)
+    for _ in 0..<2 {
+        WorkQueue.global().async {
+            var n = 0
+            while !stop.withLock({ $0 }) {
+                queue.async {}
+                if n & 7 == 0 { queue.sync {} }
+                n &+= 1
+            }
+            _ = done.signal()
+        }
+    }
+    var failure: Int32 = 0
+    for _ in 0..<40 where failure == 0 {
+        let child = fork()
+        if child == 0 {
+            armHangAlarm(seconds: 30)
+            let ran = LockedValue(false)
+            queue.async { ran.withLock { $0 = true } }
+            queue.sync {}
+            _exit(ran.withLock { $0 } ? 0 : 30)
+        }
+        failure = childResult(child, failure: 101)
+    }
+    stop.withLock { $0 = true }
+    for _ in 0..<2 { guard done.wait(timeout: .seconds(30)) else { return 102 } }
+    return failure
 }

@@ -98,6 +98,21 @@ extern __thread void *cshims_queue_frame_record;
 CSHIMS_INLINE void *cshims_queue_frame(void) { return cshims_queue_frame_record; }
 CSHIMS_INLINE void cshims_set_queue_frame(void *frame) { cshims_queue_frame_record = frame; }
 
+// How many fork() children deep this process is: 0 in a process that was
+// not made by a fork() of a Spindle process, advanced by one in each child
+// by Spindle's fork handler (while the child has one thread), never written
+// otherwise. A queue stamps its state and its scheduled drains with it, so a
+// child can tell state left by the parent's threads (which do not exist
+// there) from its own. Relaxed atomics: the one write happens before any
+// other code of the child runs.
+extern unsigned cshims_fork_epoch_value;
+CSHIMS_INLINE unsigned cshims_fork_epoch(void) { return __atomic_load_n(&cshims_fork_epoch_value, __ATOMIC_RELAXED); }
+CSHIMS_INLINE unsigned cshims_advance_fork_epoch(void) {
+    unsigned next = cshims_fork_epoch() + 1;
+    __atomic_store_n(&cshims_fork_epoch_value, next, __ATOMIC_RELAXED);
+    return next;
+}
+
 // The calling thread's blocking observer: set on worker-pool threads, told
 // when a blocking wait (condition, semaphore, join, ...) begins and ends, so
 // the pool can start a replacement worker. NULL elsewhere.

@@ -70,7 +70,10 @@ open class Job: @unchecked Sendable, CustomStringConvertible {
     // Guarded by `mutex`.
     private var unfinishedDependencies = 0
     private var dependents: [Job] = []
-    private var queueStorage: JobQueue?
+    /// Weak: the queue holds its jobs (and keeps itself alive while it has
+    /// some and is not suspended); a strong reference back would keep a
+    /// dropped suspended queue and its jobs alive for good.
+    private weak var queueStorage: JobQueue?
     private var completion: (@Sendable () -> Void)?
     private var storedError: (any Error)?
     private var observers: [(id: Int, callback: @Sendable (Event) -> Void)] = []
@@ -650,6 +653,38 @@ open class Job: @unchecked Sendable, CustomStringConvertible {
         queueStorage = queue
         mutex.unlock()
         return b & Bit.ready != 0
+    }
+
+    /// The job's queue went away (dropped while suspended) with the job in
+    /// it. A job that has not started finishes now, cancelled, without
+    /// running: its dependents, completion handler, observers and waiters
+    /// are released as for any cancelled job, on the calling thread. A job
+    /// that started goes on and finishes on its own. Called by
+    /// `JobQueue.deinit`, once per job, after the job left the queue's
+    /// lists.
+    func queueWentAway() {
+        mutex.lock()
+        queueStorage = nil
+        let b = bits
+        guard b & (Bit.started | Bit.finished) == 0 else {
+            mutex.unlock()
+            return
+        }
+        var notify = false
+        if b & Bit.cancelled == 0 {
+            AtomicMemory.or(Bit.cancelled, into: stateWord, ordering: .releasing)
+            notify = emitLocked(.cancelled)
+        }
+        if b & Bit.ready == 0 {
+            AtomicMemory.or(Bit.ready, into: stateWord, ordering: .releasing)
+            notify = emitLocked(.ready) || notify
+        }
+        // Claims the job's one run, as `run(byQueue:)` does for a cancelled
+        // job: nothing can start it after this.
+        AtomicMemory.or(Bit.started, into: stateWord, ordering: .relaxed)
+        mutex.unlock()
+        if notify { deliverEvents() }
+        _ = complete(error: nil)
     }
 
     /// Whether a queue could start the job now (a hint read without the lock).

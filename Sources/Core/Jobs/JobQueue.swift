@@ -13,6 +13,15 @@
 ///   `cancelAll()`) to make it finish without running.
 /// - Every `JobQueue` runs on the same pool, so more queues do not mean more
 ///   jobs at once than the pool has workers.
+/// - A queue that is not suspended keeps itself alive while it has jobs: a
+///   queue nobody holds still runs them all. A suspended one does not (no
+///   one could resume it): when its last reference goes, every job of it
+///   that has not started finishes cancelled, without running (as if
+///   `cancel()` had been called and the queue had reached it), on the
+///   thread that dropped that reference: the jobs' dependents (in other
+///   queues too), completion handlers, observers and waiters are released,
+///   and the queue lets go of its jobs. A job that was running goes on and
+///   finishes on its own.
 ///
 /// Thread-safe: any thread may add, cancel, suspend or wait. Memory:
 /// everything written before `add` is visible to the job's work; everything
@@ -22,7 +31,8 @@
 /// a queue, started or finished; `maxConcurrentJobCount` below 1.
 public final class JobQueue: @unchecked Sendable, CustomStringConvertible {
     // @unchecked: every mutable field is guarded by `lock`, and so are the
-    // `queueNext`/`queuePrevious` links of the jobs in the queue.
+    // `queueNext`/`queuePrevious` links of the jobs in the queue (`deinit`
+    // touches them without it: nobody else can reach the queue then).
 
     /// The name given at creation, for descriptions.
     public let name: String
@@ -40,12 +50,41 @@ public final class JobQueue: @unchecked Sendable, CustomStringConvertible {
     private var first: Job?
     private var last: Job?
     private var count = 0
+    /// The queue itself while it has jobs and is not suspended (see
+    /// `keepAliveChangeLocked`); nil otherwise. Jobs refer to their queue
+    /// weakly, so this is what keeps a queue nobody holds running.
+    private var keepAlive: JobQueue?
 
     /// A new queue, not suspended, running at most
     /// `Topology.availableCPUCount` jobs at once.
     public init(name: String = "JobQueue") {
         self.name = name
         limit = Topology.availableCPUCount
+    }
+
+    deinit {
+        // Only a queue that was suspended (or empty) gets here: otherwise
+        // `keepAlive` holds it. Every job still listed has entered
+        // `unfinished` and will not leave it through `jobDone` (its weak
+        // reference to the queue reads nil now), so it is left here.
+        var orphans: [Job] = []
+        orphans.reserveCapacity(count)
+        var node = first
+        while let job = node {
+            node = job.queueNext
+            job.queueNext = nil
+            job.queuePrevious = nil
+            job.readyNext = nil
+            job.isListedReady = false
+            orphans.append(job)
+        }
+        first = nil
+        last = nil
+        ready = ReadyJobs()
+        for job in orphans {
+            job.queueWentAway()
+            unfinished.leave()
+        }
     }
 
     /// "JobQueue('name')".
@@ -60,7 +99,9 @@ public final class JobQueue: @unchecked Sendable, CustomStringConvertible {
         lock.lock()
         insertLocked(job, api: "add(_:)")
         let next = takeStartableLocked()
+        let released = keepAliveChangeLocked()
         lock.unlock()
+        withExtendedLifetime(released) {}
         if let next { launch(next) }
     }
 
@@ -72,7 +113,9 @@ public final class JobQueue: @unchecked Sendable, CustomStringConvertible {
         for job in jobs { insertLocked(job, api: "add(_:waitUntilFinished:)") }
         var starting: [Job] = []
         while let next = takeStartableLocked() { starting.append(next) }
+        let released = keepAliveChangeLocked()
         lock.unlock()
+        withExtendedLifetime(released) {}
         for job in starting { launch(job) }
         if waitUntilFinished {
             for job in jobs { job.waitUntilFinished() }
@@ -104,6 +147,19 @@ public final class JobQueue: @unchecked Sendable, CustomStringConvertible {
         guard !suspended, running < limit, let job = ready.popStartable() else { return nil }
         running += 1
         return job
+    }
+
+    /// Takes or drops the queue's reference to itself, so that it is held
+    /// exactly while it has jobs and is not suspended. Under `lock`; returns
+    /// a reference the caller lets go of after unlocking (never the last:
+    /// the caller holds the queue too).
+    private func keepAliveChangeLocked() -> JobQueue? {
+        if count > 0 && !suspended {
+            if keepAlive == nil { keepAlive = self }
+            return nil
+        }
+        defer { keepAlive = nil }
+        return keepAlive
     }
 
     /// Hands `job` to a worker of its band.
@@ -144,7 +200,9 @@ public final class JobQueue: @unchecked Sendable, CustomStringConvertible {
         job.queueNext = nil
         count -= 1
         let start = takeStartableLocked()
+        let released = keepAliveChangeLocked()
         lock.unlock()
+        withExtendedLifetime(released) {}
         if let start { launch(start) }
     }
 
@@ -178,7 +236,9 @@ public final class JobQueue: @unchecked Sendable, CustomStringConvertible {
     /// Whether the queue holds back jobs that have not started. Setting it
     /// true lets running jobs go on and starts no new ones; false starts
     /// the ready ones. Not counted: one `false` undoes any number of `true`.
-    /// Never blocks beyond a short internal lock.
+    /// Never blocks beyond a short internal lock. A suspended queue is not
+    /// kept alive by its jobs: dropped, it finishes the ones that have not
+    /// started, cancelled (see the type's notes).
     public var isSuspended: Bool {
         get {
             lock.lock()
@@ -190,7 +250,9 @@ public final class JobQueue: @unchecked Sendable, CustomStringConvertible {
             suspended = newValue
             var starting: [Job] = []
             while let next = takeStartableLocked() { starting.append(next) }
+            let released = keepAliveChangeLocked()
             lock.unlock()
+            withExtendedLifetime(released) {}
             for job in starting { launch(job) }
         }
     }

@@ -77,10 +77,10 @@ extension WorkQueue {
 
     /// A concurrent queue the caller already runs on: run now.
     private func runReentrant(_ body: () -> Void) {
-        lock.lock()
+        lockQueue()
         running += 1
         lock.unlock()
-        QueueFrame.with(self, body)
+        QueueFrame.with(self, holding: .claim, body)
         releaseClaim(barrier: false)
     }
 
@@ -93,17 +93,17 @@ extension WorkQueue {
         guard let target = tryClaim(barrier: barrier) else { return false }
         defer { releaseClaim(barrier: barrier) }
         if target.isGlobal {
-            QueueFrame.with(target) { QueueFrame.with(self, body) }
+            QueueFrame.with(target) { QueueFrame.with(self, holding: .claim, body) }
             return true
         }
         if target.isMain { return false }
-        return target.runClaimed(barrier: false) { QueueFrame.with(self, body) }
+        return target.runClaimed(barrier: false) { QueueFrame.with(self, holding: .claim, body) }
     }
 
     /// Takes a running slot (or the barrier) if the queue is idle enough to
     /// run an item now without overtaking a queued one; returns the target.
     private func tryClaim(barrier: Bool) -> WorkQueue? {
-        lock.lock()
+        lockQueue()
         defer { lock.unlock() }
         guard suspendCount == 0, !barrierActive, entries.isEmpty, let target = targetQueue else { return nil }
         if barrier {
@@ -119,7 +119,7 @@ extension WorkQueue {
     /// Gives back what `tryClaim` (or `runReentrant`) took and schedules
     /// drains for items that arrived meanwhile.
     func releaseClaim(barrier: Bool) {
-        lock.lock()
+        lockQueue()
         if barrier { barrierActive = false } else { running -= 1 }
         guard claimDrainerLocked() else {
             lock.unlock()
@@ -151,6 +151,8 @@ private final class SyncCall: @unchecked Sendable {
     // its acquiring load; never at the same time.
     private var body: (() -> Void)?
     private let done: UnsafeMutablePointer<UInt32>
+    /// The fork epoch of the caller's process (`cshims_fork_epoch`).
+    private let epoch = cshims_fork_epoch()
 
     init(_ body: @escaping () -> Void) {
         self.body = body
@@ -162,7 +164,17 @@ private final class SyncCall: @unchecked Sendable {
     /// On the worker. Lets go of the caller's closure before waking it: the
     /// closure is the caller's non-escaping one, and must be gone when the
     /// caller returns.
+    ///
+    /// A call queued before `fork()` by a thread of the parent, run in the
+    /// child: that caller is gone, and its closure lives on its stack,
+    /// which the child reuses for threads of its own. So the call is
+    /// dropped unrun, and this object is never freed (its release would
+    /// release the closure's context on that stack).
     func run() {
+        guard epoch == cshims_fork_epoch() else {
+            _ = Unmanaged.passRetained(self)
+            return
+        }
         do {
             let body = self.body!
             self.body = nil

@@ -1,3 +1,5 @@
+import CShims
+
 /// A queue of work items, the Concurrency Programming Guide's dispatch
 /// queue, on Spindle's worker pool.
 ///
@@ -38,11 +40,28 @@
 /// allowed (Dispatch on Linux dies of it): its pending items are released
 /// without running, their groups are left, and the finalizer runs.
 ///
-/// After `fork()`, in the child: the global queues (with the items queued
-/// in the parent), the main queue, `async(after:)` and every queue made
-/// in the child work. A queue whose item was running on another thread of
-/// the parent at the fork stays busy for good: that thread does not exist in
-/// the child (as with a lock another thread held).
+/// After `fork()`, in the child, every queue works: the global queues
+/// (with the items queued in the parent), the main queue, `async(after:)`,
+/// the queues made in the child and the parent's own queues, with the items
+/// they held queued. The child has only the thread that forked; whatever the
+/// parent's other threads were doing with a queue at that moment is lost
+/// there, and the queue is made whole again the first time the child uses
+/// it (or runs a drain the parent had scheduled):
+/// - an item those threads were running never finishes in the child (its
+///   group is never left, a `sync` caller that was waiting for it is gone),
+///   and no longer counts as running: the queue starts its next items, and
+///   a barrier no longer waits for it;
+/// - items a serial drain of those threads had taken for its next batch
+///   (up to `serialBatch`, behind the one it was running) are lost with
+///   it, unrun;
+/// - a `sync` call those threads had queued is dropped when the child's
+///   drain reaches it, unrun (its caller, and the closure on its stack,
+///   are gone); other items they queued run;
+/// - a lock of the queue they held is released.
+/// The forking thread's own items (a fork inside an item, or inside a
+/// `sync` body) go on in the child and end as usual; what the queue holds
+/// back for them (a serial queue's one slot, a barrier) stays held until
+/// they do. Suspensions made in the parent stay in force.
 public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvertible {
     // @unchecked: every mutable field is guarded by `lock` (see each), and
     // the ring is only touched under it.
@@ -113,8 +132,22 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     /// Guarded by `lock`.
     var suspendCount = 0
     /// 1 while `suspendCount > 0`: written under `lock`, read without it by a
-    /// serial drain between the items of a batch.
-    let suspendedFlag: UnsafeMutablePointer<UInt32> = allocateStableWords(byteCount: 4).assumingMemoryBound(to: UInt32.self)
+    /// serial drain between the items of a batch. The next word of its line
+    /// is `forkEpochWord`.
+    let suspendedFlag: UnsafeMutablePointer<UInt32> = allocateStableWords(byteCount: 8).assumingMemoryBound(to: UInt32.self)
+    /// The fork epoch (`cshims_fork_epoch`) of the process the queue's
+    /// counts and lock belong to: set at creation, and in a child after
+    /// `fork()` by the first thread that takes the queue's lock there
+    /// (`repairAfterFork`), which recounts them first. `forkRepairing`
+    /// while it does. Atomic; compared before every hold of `lock`.
+    var forkEpochWord: UnsafeMutablePointer<UInt32> { suspendedFlag + 1 }
+    /// What the forking thread held of this queue at the fork (see
+    /// `QueueFrame.Holding`), valid when `forkHeldEpoch` is the child's
+    /// epoch: written only by the child's fork handler (the child has one
+    /// thread then), read by `repairAfterFork`.
+    var forkHeldEpoch: UInt32 = 0
+    var forkHeldSlots = 0
+    var forkHeldDrains = 0
     /// A barrier item is running. Guarded by `lock`.
     var barrierActive = false
     /// nil only for the global and main queues. Guarded by `lock`.
@@ -151,6 +184,7 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
         // compensation can run them all. The pool's width bounds what runs.
         width = kind == .serial ? 1 : target.effectivePool.maximumThreads
         targetQueue = target
+        AtomicMemory.store(cshims_fork_epoch(), to: forkEpochWord, ordering: .relaxed)
     }
 
     private init(global priority: Priority) {
@@ -160,6 +194,7 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
         globalPriority = priority
         isMain = false
         width = priority.pool.maximumThreads
+        AtomicMemory.store(cshims_fork_epoch(), to: forkEpochWord, ordering: .relaxed)
     }
 
     private init(mainQueue: Void) {
@@ -169,6 +204,7 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
         globalPriority = nil
         isMain = true
         width = 1
+        AtomicMemory.store(cshims_fork_epoch(), to: forkEpochWord, ordering: .relaxed)
     }
 
     deinit {
@@ -276,7 +312,7 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     /// The queue's target (nil for the global and main queues). Takes the
     /// queue's lock.
     public var target: WorkQueue? {
-        lock.lock()
+        lockQueue()
         defer { lock.unlock() }
         return targetQueue
     }
@@ -358,7 +394,7 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     /// Appends to the ring and schedules a drain if the unit can start now.
     @inline(__always)
     func enqueue(_ unit: consuming WorkUnit) {
-        lock.lock()
+        lockQueue()
         entries.pushBack(unit)
         guard claimDrainerLocked() else {
             lock.unlock()
@@ -385,7 +421,7 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     /// to the main loop).
     func scheduleDrain(on target: WorkQueue?, shared: Bool = true) {
         if let target {
-            target.submit(.drain(self), shared: shared)
+            target.submit(.drain(self, cshims_fork_epoch()), shared: shared)
         } else {
             MainQueueDrain.signal()
         }
@@ -401,16 +437,23 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
 
     /// Runs items of this queue on the calling worker until none can start,
     /// or `drainBudget` ran (then requeues itself on the target). Called for
-    /// a `.drain` unit, once per claimed drain slot.
-    func drain() {
-        QueueFrame.with(self) { drainLoop(budget: Self.drainBudget) }
+    /// a `.drain` unit, once per claimed drain slot. A unit scheduled in
+    /// another fork epoch (by the parent, before the fork) holds no slot in
+    /// this process (`repairAfterFork` recounted them): it only makes sure
+    /// the queue was repaired, which schedules drains of its own.
+    func drain(scheduledIn epoch: UInt32) {
+        guard epoch == cshims_fork_epoch() else {
+            if AtomicMemory.load(from: forkEpochWord, ordering: .relaxed) != cshims_fork_epoch() { repairAfterFork() }
+            return
+        }
+        QueueFrame.with(self, holding: .drain) { drainLoop(budget: Self.drainBudget) }
     }
 
     /// One pass of the main loop over the main queue: the items present when
     /// the pass began, so the loop's other sources interleave with a long
     /// backlog.
     func drainMainPass() {
-        lock.lock()
+        lockQueue()
         let budget = entries.count
         let claimed = drainers > 0
         lock.unlock()
@@ -421,7 +464,7 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     private func drainLoop(budget: Int) {
         if width == 1 { return drainSerial(budget: budget) }
         var budget = budget
-        lock.lock()
+        lockQueue()
         while true {
             guard suspendCount == 0, !barrierActive, !entries.isEmpty else { break }
             let barrier = entries.frontIsBarrier
@@ -439,7 +482,7 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
             lock.unlock()
             if more { scheduleDrain(on: target) }
             unit.run()
-            lock.lock()
+            lockQueue()
             if barrier { barrierActive = false } else { running -= 1 }
             budget -= 1
             if budget == 0 {
@@ -470,7 +513,7 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
         withUnsafeTemporaryAllocation(of: WorkUnit.self, capacity: Self.serialBatch) { buffer in
             let batch = buffer.baseAddress!
             var budget = budget
-            lock.lock()
+            lockQueue()
             while suspendCount == 0, running == 0, !entries.isEmpty {
                 let taken = entries.popFront(into: batch, limit: min(Self.serialBatch, budget))
                 running = 1
@@ -480,7 +523,7 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
                     (batch + ran).move().run()
                     ran += 1
                 }
-                lock.lock()
+                lockQueue()
                 var index = taken
                 while index > ran {
                     index -= 1
@@ -522,7 +565,7 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     /// process on a global queue.
     public func suspend() {
         require(!isGlobal, "WorkQueue.suspend(): '\(label)' is a global queue, which other code shares; suspend a queue of your own")
-        lock.lock()
+        lockQueue()
         suspendCount += 1
         AtomicMemory.store(1, to: suspendedFlag, ordering: .relaxed)
         lock.unlock()
@@ -533,7 +576,7 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     /// suspended (more resumes than suspends), or is a global queue.
     public func resume() {
         require(!isGlobal, "WorkQueue.resume(): '\(label)' is a global queue; it is never suspended")
-        lock.lock()
+        lockQueue()
         guard suspendCount > 0 else {
             lock.unlock()
             misuse("WorkQueue.resume(): '\(label)' is not suspended; resume() was called more times than suspend()")
@@ -549,7 +592,7 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
 
     /// Whether the queue is suspended now (stale at once).
     public var isSuspended: Bool {
-        lock.lock()
+        lockQueue()
         defer { lock.unlock() }
         return suspendCount > 0
     }
@@ -577,7 +620,7 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
             }
             next = queue.target
         }
-        lock.lock()
+        lockQueue()
         targetQueue = target
         lock.unlock()
     }
@@ -588,7 +631,9 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     /// The main queue in a child after `fork()`: its lock is released (a
     /// parent thread may have held it), and items queued before the fork
     /// get a pass of the child's main loop when it runs.
+    /// (The main queue is repaired here, not by `repairAfterFork`.)
     func childAfterFork() {
+        AtomicMemory.store(cshims_fork_epoch(), to: forkEpochWord, ordering: .relaxed)
         lock.reinitializeAfterFork()
         // The forking thread itself may be inside a main-queue item: then
         // its pass goes on in the child and ends as usual.
@@ -599,6 +644,85 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
         if claimDrainerLocked() { MainQueueDrain.signal() }
     }
 
+    /// `forkEpochWord` while a thread repairs the queue.
+    static let forkRepairing = UInt32.max
+
+    /// Takes `lock`, first repairing the queue if its state is the parent's
+    /// (a child after `fork()`). Every hold of a queue's lock starts here:
+    /// one relaxed load and compare beyond the lock itself.
+    @inline(__always)
+    func lockQueue() {
+        if AtomicMemory.load(from: forkEpochWord, ordering: .relaxed) != cshims_fork_epoch() { repairAfterFork() }
+        lock.lock()
+    }
+
+    /// In a child after `fork()`, the first time the queue's lock is wanted:
+    /// makes the counts the parent's threads left true of this process.
+    /// Those threads are gone, and so are their holdings: a lock they held,
+    /// the running slots (or barrier) of their items, and their drains. The
+    /// forking thread's own holdings stay (`noteForkingThreadHolding`). Every
+    /// drain the parent scheduled is void (`drain(scheduledIn:)`), so the
+    /// drains are recounted from the forking thread's alone, and new ones
+    /// are scheduled for the items that can start now.
+    ///
+    /// One thread repairs: the first to swap `forkEpochWord` to
+    /// `forkRepairing`; others sleep on the word until it holds the child's
+    /// epoch (a releasing store, after the repair, paired with their
+    /// acquiring load). Nobody in the child can have taken the lock before
+    /// (every hold starts in `lockQueue`), so replacing it steals it from no
+    /// one.
+    @inline(never)
+    func repairAfterFork() {
+        let epoch = cshims_fork_epoch()
+        while true {
+            let seen = AtomicMemory.load(from: forkEpochWord, ordering: .acquiring)
+            if seen == epoch { return }
+            if seen == Self.forkRepairing {
+                _ = Futex(forkEpochWord).wait(expecting: seen)
+                continue
+            }
+            if AtomicMemory.compareExchange(expected: seen, desired: Self.forkRepairing, at: forkEpochWord, ordering: .acquiring).exchanged {
+                break
+            }
+        }
+        lock.reinitializeAfterFork()
+        lock.lock()
+        let held = forkHeldEpoch == epoch
+        let slots = held ? forkHeldSlots : 0
+        // A barrier runs alone, so one the queue has running with the
+        // forking thread inside it is that thread's.
+        if barrierActive && slots > 0 {
+            running = slots - 1
+        } else {
+            barrierActive = false
+            running = slots
+        }
+        drainers = held ? forkHeldDrains : 0
+        var extra = 0
+        while claimDrainerLocked() { extra += 1 }
+        let target = targetQueue
+        AtomicMemory.store(epoch, to: forkEpochWord, ordering: .releasing)
+        lock.unlock()
+        _ = Futex(forkEpochWord).wakeAll()
+        for _ in 0..<extra { scheduleDrain(on: target) }
+    }
+
+    /// In a child just forked (from `QueueFrame.noteHoldingsAfterFork`, on
+    /// the child's one thread): the forking thread runs an item of this
+    /// queue and holds a running slot (or the barrier) for it, and with
+    /// `drain` a drain slot. Plain stores: nothing else runs yet. Epoch 0
+    /// (the parent, before the fork) records nothing.
+    func noteForkingThreadHolding(drain: Bool, epoch: UInt32) {
+        guard epoch != 0, !isMain, !isGlobal else { return }
+        if forkHeldEpoch != epoch {
+            forkHeldEpoch = epoch
+            forkHeldSlots = 0
+            forkHeldDrains = 0
+        }
+        forkHeldSlots += 1
+        if drain { forkHeldDrains += 1 }
+    }
+
     // MARK: Context
 
     /// The queue's one context value, for items that share data (the guide's
@@ -606,13 +730,13 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     /// Stops the process when set on a global queue (shared by everyone).
     public var context: (any Sendable)? {
         get {
-            lock.lock()
+            lockQueue()
             defer { lock.unlock() }
             return contextValue
         }
         set {
             require(!isGlobal, "WorkQueue.context: '\(label)' is a global queue, which other code shares; give your own queue a context")
-            lock.lock()
+            lockQueue()
             contextValue = newValue
             lock.unlock()
         }
@@ -623,7 +747,7 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     /// the default global queue, and only if the context is not nil then.
     public func setFinalizer(_ finalizer: (@Sendable (any Sendable) -> Void)?) {
         require(!isGlobal, "WorkQueue.setFinalizer(_:): '\(label)' is a global queue, which never goes away")
-        lock.lock()
+        lockQueue()
         self.finalizer = finalizer
         lock.unlock()
     }
@@ -631,14 +755,14 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     /// Associates `value` with `key` on this queue (nil removes it). Any
     /// thread; takes the queue's lock.
     public func setSpecific<Value: Sendable>(_ value: Value?, for key: WorkQueueKey<Value>) {
-        lock.lock()
+        lockQueue()
         specifics[ObjectIdentifier(key)] = value
         lock.unlock()
     }
 
     /// The value for `key` set on this queue, or nil.
     public func specific<Value: Sendable>(for key: WorkQueueKey<Value>) -> Value? {
-        lock.lock()
+        lockQueue()
         defer { lock.unlock() }
         return specifics[ObjectIdentifier(key)] as? Value
     }

@@ -22,7 +22,10 @@ enum WorkUnit {
     /// A `WorkItem` (which knows its own flags and group).
     case item(WorkItem)
     /// "Run some of this queue's items": how a queue's items reach its target.
-    case drain(WorkQueue)
+    /// With the fork epoch it was scheduled in (`cshims_fork_epoch`): a
+    /// drain the parent scheduled is void in a child after `fork()`, which
+    /// recounts the queue's drains (see `WorkQueue.repairAfterFork`).
+    case drain(WorkQueue, UInt32)
     /// A Swift concurrency job enqueued on the queue as an executor.
     case job(UnownedJob, WorkQueue)
     /// A job of Swift's global concurrent executor, once Spindle's pool is
@@ -54,8 +57,8 @@ enum WorkUnit {
             group?.leave()
         case .item(let item):
             item.execute()
-        case .drain(let queue):
-            queue.drain()
+        case .drain(let queue, let epoch):
+            queue.drain(scheduledIn: epoch)
         case .job(let job, let queue):
             queue.runJob(job)
         case .globalJob(let job):

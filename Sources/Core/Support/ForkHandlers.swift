@@ -1,3 +1,4 @@
+import CShims
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -17,6 +18,12 @@ import Glibc
 /// the child's pid), and the main loop starts afresh. The parent's objects
 /// are left alone in the child's memory (never released: their teardown
 /// would act on the parent's kernel objects); in the parent nothing changes.
+///
+/// Queues the parent's other threads were using are repaired lazily, the
+/// first time the child takes their lock (`WorkQueue.repairAfterFork`): the
+/// child handler advances the fork epoch their state is checked against,
+/// and notes what the forking thread itself holds of the queues whose items
+/// it runs.
 ///
 /// The child handler takes no lock: a lock of Spindle's that a thread of the
 /// parent held at the fork is replaced, not waited for. It allocates only
@@ -56,13 +63,20 @@ enum ForkHandlers {
         _ = TimerQueue.shared
         _ = TimerWatch.WallClockRegistry.shared
         WorkerPool.prepareForFork()
+        // The walk the child makes, made here first for the same reason
+        // (epoch 0 records nothing).
+        QueueFrame.noteHoldingsAfterFork(epoch: 0)
     }
 
     private static func child() {
+        // First: everything below, and every queue from now on, is of the
+        // child's epoch (see `WorkQueue.repairAfterFork`).
+        let epoch = UInt32(cshims_advance_fork_epoch())
         LoopRegistry.childAfterFork()
         NativeThread.childAfterFork()
         WorkerPool.childAfterForkAll()
         WorkQueue.main.childAfterFork()
+        QueueFrame.noteHoldingsAfterFork(epoch: epoch)
         DelayedWork.shared.childAfterFork()
         EventReactor.childAfterFork()
     }
