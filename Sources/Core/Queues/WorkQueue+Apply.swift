@@ -28,7 +28,8 @@ extension WorkQueue {
     ///   starts nothing, and `apply` waits until it is resumed, as `sync`
     ///   on it does: the suspension is part of the exclusion `apply` keeps,
     ///   and one call that overtook it would make `suspend()` a promise with
-    ///   an exception.
+    ///   an exception. A `suspend()` once `apply` holds the queue stops it
+    ///   no more than it stops a running item: the iterations run to the end.
     /// - **A serial queue** (or the main queue): the iterations run one after
     ///   another as one `sync` item: allowed, correct, and no faster.
     ///
