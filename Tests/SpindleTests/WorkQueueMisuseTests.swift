@@ -61,6 +61,20 @@ struct WorkQueueMisuseTests {
         #expect(stderr(r).contains("this deadlock is refused"))
     }
 
+    /// A concurrent queue whose chain reaches the serial queue the caller
+    /// runs on: `apply` holds that chain as `sync` does, so it would wait for
+    /// the caller.
+    @Test func applyOntoAConcurrentQueueWhoseChainReachesTheCallersSerialQueue() async {
+        let r = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+            let root = WorkQueue(label: "misuse.applyRoot")
+            let leaf = WorkQueue(label: "misuse.applyLeaf", kind: .concurrent, target: root)
+            root.async { leaf.apply(iterations: 4) { _ in } }
+            Latch().wait(seconds: 30)
+        }
+        #expect(stderr(r).contains(
+            "WorkQueue.apply(iterations:) onto 'misuse.applyLeaf' through its target chain ('misuse.applyRoot') from an item running on 'misuse.applyRoot'"))
+    }
+
     /// Needs the main thread in the child process. Swift Testing's child
     /// parks its main thread in `dispatch_main()` (it has exited from
     /// libdispatch's point of view), and runs the exit test's body and the

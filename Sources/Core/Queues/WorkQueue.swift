@@ -20,7 +20,9 @@ import CShims
 ///
 /// Every queue has a target: its items run as if submitted to it (a queue
 /// you create targets the global queue of its priority unless told
-/// otherwise). A chain of serial queues serializes with its root.
+/// otherwise). A chain of serial queues serializes with its root, and
+/// `sync` and `apply` on a queue keep its chain's exclusion as its items do:
+/// they wait for a barrier, a busy serial queue or a suspension along it.
 ///
 /// Thread-safe: any thread may submit, suspend, resume or retarget.
 /// Submission orders memory: everything the submitter wrote before `async`
@@ -28,9 +30,9 @@ import CShims
 /// to the next item of a serial queue and to a `sync` caller after it
 /// returns.
 ///
-/// Misuse stops the process with a message naming the queue: `sync` (or
-/// `syncBarrier`, or `apply` on a serial queue) onto a serial queue the
-/// caller is running on, directly or through the target chain; `resume()`
+/// Misuse stops the process with a message naming the queue: `sync`,
+/// `syncBarrier` or `apply` onto a serial queue the caller is running on,
+/// directly or through the target chain; `resume()`
 /// more often than `suspend()`; a target that closes a cycle; barriers,
 /// suspension or a target on a global queue.
 ///
