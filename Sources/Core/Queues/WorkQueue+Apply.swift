@@ -113,7 +113,7 @@ extension WorkQueue {
         var held: [WorkQueue] = []
         var queue = self
         while !queue.isGlobal {
-            queue.lock.lock()
+            queue.lockQueue()
             let free = queue.width == 1 || queue.barrierActive ? 0 : max(0, queue.width - queue.running)
             let taken = min(width, free)
             queue.running += taken
@@ -135,7 +135,7 @@ extension WorkQueue {
     /// schedules the drains that can start now (a barrier that waited for
     /// them, items that found the width taken).
     private func releaseApplyWidth(_ count: Int) {
-        lock.lock()
+        lockQueue()
         running -= count
         var drains = 0
         while claimDrainerLocked() { drains += 1 }
@@ -156,9 +156,9 @@ extension WorkQueue {
                 let shared = ApplyChunks(body: escapable, chunks: plan.chunks, chunkSize: plan.chunkSize, end: plan.covered)
                 for _ in 0..<helpers {
                     if frames.isEmpty {
-                        root.submit(.closure { shared.work() }, shared: true)
+                        root.submit(.closure { shared.work(asHelper: true) }, shared: true)
                     } else {
-                        root.submit(.closure { withFrames(frames[...]) { shared.work() } }, shared: true)
+                        root.submit(.closure { withFrames(frames[...]) { shared.work(asHelper: true) } }, shared: true)
                     }
                 }
                 shared.work()
@@ -211,6 +211,8 @@ private final class ApplyChunks: @unchecked Sendable {
     private let chunks: Int
     private let chunkSize: Int
     private let end: Int
+    /// The fork epoch (`cshims_fork_epoch`) the `apply` started in.
+    private let epoch = cshims_fork_epoch()
     /// [0]: next chunk to claim (Int), [64]: chunks finished (UInt32 futex word).
     private let words: UnsafeMutableRawPointer
 
@@ -229,7 +231,12 @@ private final class ApplyChunks: @unchecked Sendable {
 
     /// Claims and runs chunks until none are left. A helper that starts after
     /// the last claim touches only the counter.
-    func work() {
+    ///
+    /// A helper that runs in a child after `fork()` for an `apply` of the
+    /// parent returns at once: the caller's closure lived on a thread the
+    /// child does not have (its stack may be another thread's by now).
+    func work(asHelper: Bool = false) {
+        if asHelper && epoch != cshims_fork_epoch() { return }
         while true {
             let chunk = AtomicMemory.add(1, to: next, ordering: .relaxed) - 1
             if chunk >= chunks { return }
