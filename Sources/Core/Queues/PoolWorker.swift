@@ -195,6 +195,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         BlockingObserver.install(self)
         defer { BlockingObserver.install(nil) }
         AtomicMemory.store(cshims_gettid(), to: threadIDWord, ordering: .relaxed)
+        takeWakeHint()
         // The global queues of the two lanes, unretained (they live for the
         // whole process): a frame per unit then costs no reference counting
         // on an object every worker shares.
@@ -315,17 +316,38 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
 
     /// Pushes a unit submitted from this worker: into its slot if the ring
     /// is empty and `mayUseSlot`, else onto its ring. Either way the caller
-    /// announces it (`WorkerPool.notifyIfNeeded`).
+    /// announces it (`WorkerPool.submit`). Returns whether it went to the
+    /// slot.
     @inline(__always)
-    func pushLocal(_ unit: consuming WorkUnit, mayUseSlot: Bool) {
+    func pushLocal(_ unit: consuming WorkUnit, mayUseSlot: Bool) -> Bool {
         // Only this thread adds to its ring, so an empty one cannot fill
         // meanwhile.
         if mayUseSlot && ring.isEmptyForOwner {
-            guard let refused = slot.fill(unit) else { return }
+            guard let refused = slot.fill(unit) else { return true }
             ring.push(refused)
-            return
+            return false
         }
         ring.push(unit)
+        return false
+    }
+
+    /// Why a waker woke this worker, if it was a slot fill: the filler and
+    /// the slot's word after the fill. Written by the waker under the
+    /// pool's lock before it hands the permit over (`unpark`, or the
+    /// thread's start), read and cleared by this worker once awake
+    /// (`takeWakeHint`), before it next parks (under the same lock).
+    var wakeHint: (PoolWorker, UInt64)?
+
+    /// Woken for a slot fill: if the filler's slot still holds that unit,
+    /// its owner is still running the item that submitted it, a whole
+    /// wake-up later; the unit is taken at once, into this worker's ring.
+    /// The wake-up is the grace (`slotGrace` is Go's 3 µs; a futex wake-up
+    /// takes longer everywhere), so a chain step that returns within it
+    /// keeps its unit, and an item that computes loses it to this worker.
+    private func takeWakeHint() {
+        guard let (filler, word) = wakeHint else { return }
+        wakeHint = nil
+        if let unit = filler.slot.steal(ifStill: word) { ring.push(unit) }
     }
 
     /// Moves the slot's unit to the front of the ring, where others can
@@ -451,6 +473,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         }
         // Woken by `WorkerPool.wakeOne`, which counted us active and searching.
         isSearching = true
+        takeWakeHint()
         return true
     }
 

@@ -201,7 +201,11 @@ final class WorkerPool: @unchecked Sendable {
     func submit(_ unit: consuming WorkUnit, lane: Int, shared: Bool = false) {
         var unit: WorkUnit? = consume unit
         if lane == Self.defaultLane, let worker = PoolWorker.current(in: self) {
-            worker._withUnsafeGuaranteedRef { $0.pushLocal(unit.take().unsafelyUnwrapped, mayUseSlot: !shared) }
+            let filledSlot = worker._withUnsafeGuaranteedRef { $0.pushLocal(unit.take().unsafelyUnwrapped, mayUseSlot: !shared) }
+            if filledSlot {
+                if wakeWouldStart { wakeOne(forSlotOf: worker.takeUnretainedValue()) }
+                return
+            }
         } else {
             lock.lock()
             if lane == Self.highLane {
@@ -219,16 +223,22 @@ final class WorkerPool: @unchecked Sendable {
     /// with the parking worker's decrement and re-check (see `PoolWorker.park`).
     @inline(__always)
     func notifyIfNeeded() {
-        if AtomicMemory.load(from: searching, ordering: .sequentiallyConsistent) == 0
+        if wakeWouldStart { wakeOne() }
+    }
+
+    /// Whether nobody is searching and a permit is free: a submission must
+    /// wake a worker (stale at once; the loads are sequentially consistent,
+    /// see `notifyIfNeeded`).
+    @inline(__always)
+    var wakeWouldStart: Bool {
+        AtomicMemory.load(from: searching, ordering: .sequentiallyConsistent) == 0
             && AtomicMemory.load(from: active, ordering: .sequentiallyConsistent) < width
-        {
-            wakeOne()
-        }
     }
 
     /// Under the lock, re-checks and hands a permit to an idle worker, or
-    /// starts a worker when none is idle.
-    func wakeOne() {
+    /// starts a worker when none is idle. `filler`: the worker whose slot
+    /// was just filled, if that is why (see `PoolWorker.wakeHint`).
+    func wakeOne(forSlotOf filler: PoolWorker? = nil) {
         lock.lock()
         guard AtomicMemory.load(from: searching, ordering: .relaxed) == 0,
               AtomicMemory.load(from: active, ordering: .relaxed) < width
@@ -236,7 +246,9 @@ final class WorkerPool: @unchecked Sendable {
             lock.unlock()
             return
         }
+        let hint = filler.flatMap { filler in filler.slot.fullWord.map { (filler, $0) } }
         if let worker = takeIdleWorker() {
+            worker.wakeHint = hint
             AtomicMemory.add(1, to: active, ordering: .sequentiallyConsistent)
             AtomicMemory.add(1, to: searching, ordering: .sequentiallyConsistent)
             let startMonitor = monitor.armIfAsleep()
@@ -248,6 +260,7 @@ final class WorkerPool: @unchecked Sendable {
             AtomicMemory.add(1, to: active, ordering: .sequentiallyConsistent)
             AtomicMemory.add(1, to: searching, ordering: .sequentiallyConsistent)
             let worker = PoolWorker(pool: self)
+            worker.wakeHint = hint
             workers.append(worker)
             let startMonitor = monitor.armIfAsleep()
             lock.unlock()
