@@ -64,6 +64,20 @@ import CShims
 ///   it every 61st look and when they run dry. A waker prefers a parked
 ///   worker that is not the poller's.
 ///
+/// **On many cores.** A submission from a worker writes only that
+/// worker's own lines (its ring's tail or its slot's word) and reads two
+/// shared counters (`searching`, `active`) that change only when workers
+/// park or wake, so those lines stay shared in every cache; a wake-up (the
+/// pool's lock and a futex wake) is paid only when nobody searches, and
+/// one spinner at a time polls the rings' counts. A steal writes the
+/// victim's `head` line once to claim and once to commit, for up to 64
+/// units. A slot's line is read by workers about to park (every slot,
+/// once, and the ones that hold a unit for the 3 µs grace): with W
+/// workers parking at once the owner's next fill finds its line shared by
+/// up to W - 1 readers and pays one invalidation for all of them; the
+/// grace bounds how long they read it. The monitor reads each worker's
+/// progress word every 10 ms while the pool is busy.
+///
 /// Locks: the pool's lock (injector, idle list, worker list) is a
 /// `GuardLock` (the plain mutex core), never held while running an item;
 /// the workers' rings take no lock.
