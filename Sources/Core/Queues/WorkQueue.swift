@@ -24,6 +24,16 @@ import CShims
 /// `sync` and `apply` on a queue keep its chain's exclusion as its items do:
 /// they wait for a barrier, a busy serial queue or a suspension along it.
 ///
+/// An item that can start reaches a free worker: one submitted while a
+/// worker of the pool is free starts within about one thread wake-up,
+/// whatever its submitter does next (keeps computing, waits for it through
+/// a pipe); an item submitted from an item runs on the submitter's worker
+/// next when the submitter returns first, so a chain of items stays on one
+/// warm thread. Items queued behind workers that block where Spindle cannot
+/// see (a plain `read()`, a foreign lock) start within about 20 ms on a
+/// worker started in their place. See `WorkerPool` in the source for the
+/// mechanisms.
+///
 /// Thread-safe: any thread may submit, suspend, resume or retarget.
 /// Submission orders memory: everything the submitter wrote before `async`
 /// or `sync` is visible to the item, and everything an item wrote is visible
