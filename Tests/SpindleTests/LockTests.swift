@@ -115,7 +115,8 @@ struct LockingContractTests {
     /// lock; a waiter it wakes competes for it), so the lock is free now and
     /// then, and a try that comes then wins, as `pthread_mutex_trylock` does
     /// (about a quarter of such tries here). The check `ConditionLock` failed
-    /// (issue 38). Counts wins, not time.
+    /// (issue 38). Counts wins, not time; the minimum, 1%, is far below
+    /// what these locks get here alone (14–85%).
     @Test(arguments: AnyTestLock.allCases)
     func tryLockWinsWhileOthersHammer(kind: AnyTestLock) {
         let lock = kind.make()
@@ -130,7 +131,7 @@ struct LockingContractTests {
                 lock.unlock()
                 return true
             })
-        #expect(won >= tries / 50, "\(kind).tryLock won \(won) of \(tries) tries while others hammered")
+        #expect(won >= tries / 100, "\(kind).tryLock won \(won) of \(tries) tries while others hammered")
         #expect(value.value == hammered + won, "exclusion held")
     }
 }

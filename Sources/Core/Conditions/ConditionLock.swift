@@ -21,22 +21,21 @@
 ///   unlock frees the lock and the thread it wakes competes for it, so a
 ///   thread that arrives meanwhile (a `lock` call or a `tryLock`) may take
 ///   it first, as with a `pthread_mutex_t`; the lock is free between one
-///   holder and the next, and a polling `tryLock` wins when it comes then.
-///   (An unlock that always handed the lock straight to the thread it woke
-///   kept the lock held through every wake-up, so a `tryLock` never won
-///   while threads waited, and every turn paid a wake-up.) The chosen
-///   thread, once it has waited `LockTuning.starvationBound` (1 ms), is
-///   handed the lock directly, still locked, at most one such hand-off per
-///   `LockTuning.fairHandoffInterval` (1 ms): so a waiter that the
-///   condition admits waits at most about that bound plus one interval per
-///   starving waiter ahead of it, however often others barge.
+///   holder and the next, and a polling `tryLock` wins when it comes then
+///   (were the lock handed to the woken thread, it would stay held through
+///   every wake-up while threads wait, and a `tryLock` would never win).
+///   The chosen thread, once it has waited `LockTuning.starvationBound`
+///   (1 ms), is handed the lock directly, still locked, at most one such
+///   hand-off per `LockTuning.fairHandoffInterval` (1 ms): so a waiter that
+///   the condition admits waits at most about that bound plus one interval
+///   per starving waiter ahead of it, however often others barge.
 /// - A waiter spins before it sleeps (`futex(FUTEX_WAIT_BITSET)`), up to 13 µs
 ///   and only as long as spinning has been paying off on this lock
-///   (`AdaptiveSpin`), so a hand-off to a thread that is about to sleep costs
-///   no system call.
-/// - The lock's waiters, wake-ups and hand-offs are kept under a small internal guard,
-///   a plain barging futex mutex (no fairness policy) held only for a few
-///   instructions and never while anyone sleeps. Taking a free lock
+///   (`AdaptiveSpin`), so an unlock that frees the lock for a thread still
+///   spinning (or hands it over) costs no system call.
+/// - The lock's waiters, wake-ups and hand-offs are kept under a small
+///   internal guard, a plain barging futex mutex (no fairness policy) held
+///   only for a few instructions and never while anyone sleeps. Taking a free lock
 ///   (`tryLock`, and the first attempt of every lock call) is one
 ///   compare-and-swap on the lock's own word and does not touch the guard,
 ///   so `tryLock` never waits for another thread.
