@@ -298,6 +298,103 @@ struct AsyncLockTests {
         #expect(try await waiter.value == true)
         #expect(lock.isIdle)
     }
+
+    /// Contended `lock(timeout:)` calls with an hour's timeout, each served
+    /// long before its deadline, leave no deadline behind once the lock is
+    /// idle: the lock keeps one timer for the earliest deadline in its line,
+    /// not one per task until that task's deadline (issue 38: 800,000 such
+    /// acquisitions kept 800,000 timers, 83 MiB, for an hour). And no timer
+    /// keeps the lock alive: dropped, it is freed at once.
+    @Test func servedDeadlineWaitsLeaveNoTimersBehind() async throws {
+        weak var freed: AsyncLock?
+        do {
+            let lock = AsyncLock()
+            freed = lock
+            let counter = LockedValue(0)
+            let tasks = 8
+            let rounds = 250
+            await withTaskGroup(of: Void.self) { group in
+                for _ in 0..<tasks {
+                    group.addTask(executorPreference: WorkQueue.global()) {
+                        for _ in 0..<rounds {
+                            guard try! await lock.lock(timeout: .seconds(3600)) else { continue }
+                            counter.withLock { $0 += 1 }
+                            await Task.yield()  // held across a suspension: others queue
+                            lock.unlock()
+                        }
+                    }
+                }
+            }
+            #expect(counter.withLock { $0 } == tasks * rounds, "no wait timed out")
+            #expect(lock.contendedLockCalls > 0, "some acquisitions queued with a deadline")
+            #expect(lock.isIdle)
+            #expect(lock.deadlinesInLine == 0)
+            // The one timer armed for the first queued deadline (an hour
+            // away) may still be pending; nothing else is.
+            #expect(
+                lock.pendingDeadlineTimers <= 1,
+                "\(lock.pendingDeadlineTimers) deadline timers pending after \(lock.contendedLockCalls) contended waits")
+        }
+        #expect(freed == nil, "a pending deadline timer kept the lock alive")
+    }
+
+    /// Deadlines in one line expire, each timing its own task out, while a
+    /// waiter without one stays and is served; no timer is left pending once
+    /// they have run. (Outcomes only: whichever way the two deadlines and the
+    /// timers interleave, both waits end false.)
+    @Test func deadlinesInOneLineExpireAndLeaveNoTimer() async throws {
+        let lock = AsyncLock()
+        try await lock.lock()
+        let first = Task { try await lock.lock(timeout: .milliseconds(20)) }
+        let second = Task { try await lock.lock(timeout: .milliseconds(40)) }
+        let patient = Task { () throws(CancellationError) -> Bool in
+            try await lock.lock()
+            lock.unlock()
+            return true
+        }
+        #expect(try await first.value == false)
+        #expect(try await second.value == false)
+        #expect(await eventually { lock.waiterCount == 1 })
+        #expect(lock.deadlinesInLine == 0)
+        #expect(lock.pendingDeadlineTimers == 0)
+        lock.unlock()
+        #expect(try await patient.value == true)
+        #expect(lock.isIdle)
+    }
+
+    /// A task that joins the line with an earlier deadline than any timer
+    /// pending schedules a timer of its own; one with a later deadline
+    /// relies on the pending one. Cancelled waits take their deadlines out
+    /// of the line; their timers stay pending (they cannot be cancelled) and
+    /// find nothing due when they run.
+    @Test func onlyAnEarlierDeadlineSchedulesATimer() async throws {
+        let lock = AsyncLock()
+        try await lock.lock()
+        let late = Task { try await lock.lock(timeout: .seconds(3600)) }
+        #expect(await eventually { lock.waiterCount == 1 })
+        #expect(lock.pendingDeadlineTimers == 1)
+        let later = Task { try await lock.lock(timeout: .seconds(7200)) }
+        #expect(await eventually { lock.waiterCount == 2 })
+        #expect(lock.pendingDeadlineTimers == 1)
+        let early = Task { try await lock.lock(timeout: .seconds(1800)) }
+        #expect(await eventually { lock.waiterCount == 3 })
+        #expect(lock.pendingDeadlineTimers == 2)
+        #expect(lock.deadlinesInLine == 3)
+        for task in [late, later, early] { task.cancel() }
+        for task in [late, later, early] { #expect(await task.result.isCancellation) }
+        #expect(lock.deadlinesInLine == 0)
+        #expect(lock.waiterCount == 0)
+        lock.unlock()
+        #expect(lock.isIdle)
+    }
+}
+
+private extension Result {
+    /// Whether the task threw `CancellationError`.
+    var isCancellation: Bool {
+        if case .failure(let error) = self { return error is CancellationError }
+        return false
+    }
 }
 
 @Suite("AsyncLock misuse")

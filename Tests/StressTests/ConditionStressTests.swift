@@ -193,6 +193,46 @@ struct ConditionStressTests {
         #expect(lock.condition == 0)
     }
 
+    /// 6 threads mixing every way in and out of one `ConditionLock`: plain
+    /// `lock()` (which must never reach its 30 s deadline: a waiter the
+    /// condition admits is woken, or handed the lock, by some unlock), waits
+    /// for a condition with deadlines of a few microseconds (which race the
+    /// unlocks that wake them), `tryLock` and `tryLock(whenCondition:)`
+    /// (which barge), and unlocks that set random conditions. Every entry is
+    /// counted in a plain field, so exclusion and ordering are checked (TSan
+    /// reports a race otherwise); the lock ends free.
+    @Test func conditionLockBargingTriesAndDeadlinesKeepExclusion() {
+        let lock = ConditionLock(condition: 0)
+        let turns = Turns()
+        let entries = Failures()  // an atomic count of successful entries
+        let failures = Failures()
+        let rounds = 20_000
+        runThreads(6) { me in
+            var random = XorShift(seed: me + 1)
+            for _ in 0..<rounds {
+                let entered: Bool
+                switch random.next(5) {
+                case 0: entered = lock.lock(before: MonotonicClock.now.advanced(by: patience))
+                    if !entered { failures.record() }
+                case 1: entered = lock.lock(whenCondition: random.next(3), timeout: .microseconds(random.next(40)))
+                case 2: entered = lock.tryLock()
+                case 3: entered = lock.tryLock(whenCondition: random.next(3))
+                default:
+                    lock.lock()
+                    entered = true
+                }
+                guard entered else { continue }
+                turns.sum += 1
+                entries.record()
+                lock.unlock(withCondition: random.next(3))
+            }
+        }
+        #expect(failures.count == 0, "a plain lock hit its 30 s deadline: a lost wake-up")
+        #expect(turns.sum == entries.count)
+        #expect(lock.tryLock(), "free at the end")
+        lock.unlock()
+    }
+
     /// 8 threads, one semaphore each: the token goes round the ring.
     @Test func semaphoreRingOfEightThreads() {
         let threads = 8

@@ -41,9 +41,9 @@
 /// It has no blocking form: code outside a task may call `tryLock()` and
 /// `unlock()` but cannot wait for the lock (use `Lock` between threads).
 public final class AsyncLock: @unchecked Sendable {
-    // @unchecked: `waiters` is only touched holding the guard word
-    // (`Words.guardWord`); everything else is the heap block `base`, reached
-    // only through atomics.
+    // @unchecked: `waiters` and `deadlineTimers` are only touched holding
+    // the guard word (`Words.guardWord`); everything else is the heap block
+    // `base`, reached only through atomics.
 
     /// The lock's words, laid out by this struct (read through
     /// `MemoryLayout.offset(of:)`, never by hand-written offsets).
@@ -89,8 +89,27 @@ public final class AsyncLock: @unchecked Sendable {
     @usableFromInline let base: UnsafeMutableRawPointer
 
     /// Tasks waiting in line, oldest first, each with the number by which
-    /// its cancellation handler finds it. Guarded by `guardWord`.
-    private var waiters: [(id: Int, continuation: UnsafeContinuation<Outcome, Never>)] = []
+    /// its cancellation handler finds it and its deadline (`.distantFuture`
+    /// for none). Guarded by `guardWord`.
+    private var waiters: [(id: Int, continuation: UnsafeContinuation<Outcome, Never>, deadline: MonotonicClock.Instant)] = []
+
+    /// The instants of the deadline timers this lock has scheduled that have
+    /// not run yet, latest first: a timer is scheduled only for a deadline
+    /// earlier than every one pending, so the last is the earliest, and
+    /// timers run in this order. Guarded by `guardWord`.
+    ///
+    /// The lock keeps one timer for the earliest deadline in its line, not
+    /// one per waiting task (the timer queue cannot cancel a timer): when it
+    /// runs, it times out the tasks whose deadlines have passed and, if
+    /// tasks with deadlines remain, schedules one for the earliest of them
+    /// (unless an earlier timer is pending). Invariant, holding the guard:
+    /// if a task in line has a deadline, the last element is at or before
+    /// the earliest such deadline. A task served or cancelled before its
+    /// deadline takes its deadline out of the line with it, and a timer that
+    /// finds nothing due does nothing; timers capture the lock weakly. So a
+    /// stream of contended `lock(timeout:)` calls with one timeout keeps at
+    /// most one timer pending, whatever the timeout.
+    private var deadlineTimers: [MonotonicClock.Instant] = []
 
     /// An unlocked lock. Allocates one cache line for its words.
     public init() {
@@ -149,9 +168,12 @@ public final class AsyncLock: @unchecked Sendable {
     /// ordering when it returns true. Cancellation as for `lock()` (throws
     /// `CancellationError`, holding nothing).
     ///
-    /// The deadline is a timer on `WorkQueue.global()`; it stays scheduled
-    /// (holding a reference to the lock) until it fires, and does nothing
-    /// then if the task is no longer in line.
+    /// The deadline is kept by the lock's one timer on `WorkQueue.global()`
+    /// for the earliest deadline in its line; a task served or cancelled
+    /// before its deadline leaves nothing behind (a timer already scheduled
+    /// for it runs at its time, finds nothing due, and holds only a weak
+    /// reference to the lock meanwhile). A later task with an earlier
+    /// deadline schedules a timer of its own.
     @inlinable
     public func lock(
         until deadline: MonotonicClock.Instant, isolation: isolated (any Actor)? = #isolation
@@ -219,6 +241,27 @@ public final class AsyncLock: @unchecked Sendable {
         AtomicMemory.load(from: state, ordering: .relaxed) == 0 && waiterCount == 0
     }
 
+    /// How many tasks in line have a deadline. A snapshot, for tests.
+    package var deadlinesInLine: Int {
+        let guardMutex = guardMutex
+        guardMutex.lock()
+        defer { guardMutex.unlock() }
+        return waiters.count(where: { !$0.deadline.isDistantFuture })
+    }
+
+    /// How many deadline timers the lock has scheduled that have not run
+    /// yet. A snapshot, for tests.
+    package var pendingDeadlineTimers: Int {
+        let guardMutex = guardMutex
+        guardMutex.lock()
+        defer { guardMutex.unlock() }
+        return deadlineTimers.count
+    }
+
+    /// How many `lock` calls have taken the slow path (found the lock held)
+    /// since the lock was made. A snapshot, for tests.
+    package var contendedLockCalls: Int { AtomicMemory.load(from: lastWaiter, ordering: .relaxed) }
+
     /// How many tasks wait in line now. A snapshot, for tests.
     package var waiterCount: Int {
         let guardMutex = guardMutex
@@ -249,11 +292,12 @@ public final class AsyncLock: @unchecked Sendable {
                     continuation.resume(returning: outcome)
                     return
                 }
-                waiters.append((id, continuation))
+                waiters.append((id, continuation, deadline))
+                // A timer only if none pending runs at or before this deadline.
+                let arm = !deadline.isDistantFuture && (deadlineTimers.last.map { deadline < $0 } ?? true)
+                if arm { deadlineTimers.append(deadline) }
                 guardMutex.unlock()
-                if !deadline.isDistantFuture {
-                    WorkQueue.global().async(after: deadline) { self.leaveLine(id, .timedOut) }
-                }
+                if arm { scheduleDeadlineTimer(at: deadline) }
             }
         } onCancel: {
             leaveLine(id, .cancelled)
@@ -298,11 +342,52 @@ public final class AsyncLock: @unchecked Sendable {
         }
     }
 
-    /// A waiting task's cancellation or deadline: if it is still in line, it
-    /// leaves the line and is resumed with `outcome`. Not in line any more,
-    /// it was handed the lock (it keeps it). Not in line yet (the task has
-    /// not taken the guard), it sees the cancellation itself when it gets
-    /// there (a deadline timer starts only once the task is in line).
+    /// Schedules the lock's deadline timer for `instant`, already recorded in
+    /// `deadlineTimers`. Called without the guard.
+    private func scheduleDeadlineTimer(at instant: MonotonicClock.Instant) {
+        // Weakly: a pending timer must not keep a lock nobody uses alive for
+        // as long as a timeout (a task in line holds the lock strongly, as
+        // `self` of its `lock` call, so no waiter is lost with it).
+        WorkQueue.global().async(after: instant) { [weak self] in self?.deadlineTimerRan() }
+    }
+
+    /// A deadline timer ran: times out every task in line whose deadline has
+    /// passed, and keeps the invariant of `deadlineTimers` for the rest.
+    private func deadlineTimerRan() {
+        let guardMutex = guardMutex
+        guardMutex.lock()
+        // Timers run in the order they were scheduled for; the earliest is
+        // last. (Two due at once may run in either order: either pops one of
+        // them, and the other is about to run.)
+        _ = deadlineTimers.popLast()
+        let now = MonotonicClock.now
+        var expired: [UnsafeContinuation<Outcome, Never>] = []
+        var earliest = MonotonicClock.Instant.distantFuture
+        waiters.removeAll { waiter in
+            if waiter.deadline <= now {
+                expired.append(waiter.continuation)
+                return true
+            }
+            if waiter.deadline < earliest { earliest = waiter.deadline }
+            return false
+        }
+        if !expired.isEmpty && waiters.isEmpty {
+            // Held (tasks wait only for a held lock): back to plain
+            // `locked`, so that its holder's unlock is the fast one.
+            AtomicMemory.and(~Self.queued, into: state, ordering: .relaxed)
+        }
+        let arm = !earliest.isDistantFuture && (deadlineTimers.last.map { earliest < $0 } ?? true)
+        if arm { deadlineTimers.append(earliest) }
+        guardMutex.unlock()
+        if arm { scheduleDeadlineTimer(at: earliest) }
+        for continuation in expired { continuation.resume(returning: .timedOut) }
+    }
+
+    /// A waiting task's cancellation: if it is still in line, it leaves the
+    /// line (its deadline with it) and is resumed with `outcome`. Not in
+    /// line any more, it was handed the lock (it keeps it) or timed out. Not
+    /// in line yet (the task has not taken the guard), it sees the
+    /// cancellation itself when it gets there.
     private func leaveLine(_ id: Int, _ outcome: Outcome) {
         let guardMutex = guardMutex
         guardMutex.lock()

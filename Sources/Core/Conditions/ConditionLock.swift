@@ -10,19 +10,32 @@
 /// for the condition the lock already has).
 ///
 /// - Targeted wake-ups: each waiting thread records the condition it waits
-///   for and sleeps on a futex word of its own. An unlock picks the longest
-///   waiting thread that the new condition lets in (one waiting for that
-///   condition, or for any) and hands the lock to it directly: exactly one
-///   thread wakes, already holding the lock; threads waiting for other
-///   conditions stay asleep. No thundering herd, and among threads waiting
+///   for and sleeps on a futex word of its own, in one line, oldest first.
+///   An unlock picks the longest waiting thread that the new condition lets
+///   in (one waiting for that condition, or for any) and wakes only that
+///   one, and only if it sleeps (and is not already woken); threads waiting
+///   for other conditions stay asleep. No thundering herd; a thread keeps
+///   its place in the line until it holds the lock, so among threads waiting
 ///   for the same condition, first come first served.
+/// - Barging with eventual fairness, as `Lock` (parking_lot's design): an
+///   unlock frees the lock and the thread it wakes competes for it, so a
+///   thread that arrives meanwhile (a `lock` call or a `tryLock`) may take
+///   it first, as with a `pthread_mutex_t`; the lock is free between one
+///   holder and the next, and a polling `tryLock` wins when it comes then
+///   (were the lock handed to the woken thread, it would stay held through
+///   every wake-up while threads wait, and a `tryLock` would never win).
+///   The chosen thread, once it has waited `LockTuning.starvationBound`
+///   (1 ms), is handed the lock directly, still locked, at most one such
+///   hand-off per `LockTuning.fairHandoffInterval` (1 ms): so a waiter that
+///   the condition admits waits at most about that bound plus one interval
+///   per starving waiter ahead of it, however often others barge.
 /// - A waiter spins before it sleeps (`futex(FUTEX_WAIT_BITSET)`), up to 13 µs
 ///   and only as long as spinning has been paying off on this lock
-///   (`AdaptiveSpin`), so a hand-off to a thread that is about to sleep costs
-///   no system call.
-/// - The lock's waiters and hand-offs are kept under a small internal guard,
-///   a plain barging futex mutex (no fairness policy) held only for a few
-///   instructions and never while anyone sleeps. Taking a free lock
+///   (`AdaptiveSpin`), so an unlock that frees the lock for a thread still
+///   spinning (or hands it over) costs no system call.
+/// - The lock's waiters, wake-ups and hand-offs are kept under a small
+///   internal guard, a plain barging futex mutex (no fairness policy) held
+///   only for a few instructions and never while anyone sleeps. Taking a free lock
 ///   (`tryLock`, and the first attempt of every lock call) is one
 ///   compare-and-swap on the lock's own word and does not touch the guard,
 ///   so `tryLock` never waits for another thread.
@@ -33,7 +46,9 @@
 ///
 /// Memory: acquiring orders like an acquire and unlocking like a release,
 /// as every `Locking` type; a hand-off releases in the unlocking thread and
-/// acquires in the thread that receives the lock.
+/// acquires in the thread that receives the lock. The condition is written
+/// only while the lock is held, so a thread that acquires sees the
+/// condition its predecessor left.
 ///
 /// Misuse: `unlock()` or `unlock(withCondition:)` of a lock that is not
 /// locked stops the process with a message. Unlocking from a thread other
@@ -66,6 +81,9 @@ public struct ConditionLock: Locking, @unchecked Sendable {
         @usableFromInline var firstWaiter: UnsafeMutableRawPointer?
         /// The last waiter (guarded).
         @usableFromInline var lastWaiter: UnsafeMutableRawPointer?
+        /// When the lock was last handed to a starving waiter, in
+        /// nanoseconds of the monotonic clock (guarded; 0 for never).
+        @usableFromInline var lastFairHandOff: Int64
     }
 
     @usableFromInline
@@ -149,9 +167,10 @@ public struct ConditionLock: Locking, @unchecked Sendable {
         _ = acquire(anyCondition: true, wanted: 0, before: .distantFuture)
     }
 
-    /// Acquires the lock whatever its condition if it is free now. Never
-    /// blocks: one compare-and-swap, without the internal guard. Acquire
-    /// ordering on success.
+    /// Acquires the lock whatever its condition if it is free now, even if
+    /// threads wait for it (as `pthread_mutex_trylock`: the threads an unlock
+    /// woke have not taken it yet). Never blocks: one compare-and-swap,
+    /// without the internal guard. Acquire ordering on success.
     @inlinable
     public func tryLock() -> Bool {
         acquire(anyCondition: true, wanted: 0, before: MonotonicClock.Instant(nanoseconds: 0))
@@ -174,7 +193,8 @@ public struct ConditionLock: Locking, @unchecked Sendable {
         _ = acquire(anyCondition: false, wanted: condition, before: .distantFuture)
     }
 
-    /// Acquires the lock if it is free and its condition is `condition` now.
+    /// Acquires the lock if it is free and its condition is `condition` now,
+    /// even if threads wait for it (see `tryLock()`).
     /// Never waits for the lock; takes the internal guard (a few
     /// instructions) only in the rare case that the condition changed while
     /// it took the lock, to release it again. Acquire ordering on success.
@@ -200,11 +220,13 @@ public struct ConditionLock: Locking, @unchecked Sendable {
 
     // MARK: Unlocking
 
-    /// Releases the lock and keeps its condition. If a thread waits for that
-    /// condition (or for any), the lock passes directly to the one that has
-    /// waited longest, and only that thread wakes. Never blocks (beyond the
-    /// internal guard); a system call only when that thread sleeps. Release
-    /// ordering. Stops the process with a message if the lock is not locked.
+    /// Releases the lock and keeps its condition. If threads wait for that
+    /// condition (or for any), the one that has waited longest is woken (a
+    /// system call only if it sleeps) and takes the lock unless another
+    /// thread takes it first; once it has waited 1 ms, the lock is handed to
+    /// it directly (see the type's notes). Only that thread wakes. Never
+    /// blocks (beyond the internal guard). Release ordering. Stops the
+    /// process with a message if the lock is not locked.
     @inlinable
     public func unlock() {
         let guardLock = self.guardLock
@@ -213,11 +235,11 @@ public struct ConditionLock: Locking, @unchecked Sendable {
     }
 
     /// Sets the condition to `condition` and releases the lock, in one step.
-    /// If a thread waits for `condition` (or for any), the lock passes
-    /// directly to the one that has waited longest, and only that thread
-    /// wakes; threads waiting for other conditions stay asleep. Never blocks
-    /// (beyond the internal guard). Release ordering. Stops the process with
-    /// a message if the lock is not locked.
+    /// If threads wait for `condition` (or for any), the one that has waited
+    /// longest is woken, as for `unlock()`, and only that thread; threads
+    /// waiting for other conditions stay asleep. Never blocks (beyond the
+    /// internal guard). Release ordering. Stops the process with a message
+    /// if the lock is not locked.
     @inlinable
     public func unlock(withCondition condition: Int) {
         let guardLock = self.guardLock
@@ -250,11 +272,11 @@ public struct ConditionLock: Locking, @unchecked Sendable {
     }
 
     /// Takes the lock without the guard if it is free and its condition lets
-    /// the caller in. While the lock is free no waiter admits its condition
-    /// (an unlock hands the lock to such a waiter instead of freeing it), so
-    /// taking it here jumps no queue. Never blocks, except that a condition
-    /// changed between the check and the take is released again through the
-    /// guard (a few instructions).
+    /// the caller in. This barges: a waiter that the last unlock woke may be
+    /// on its way to take it (a starving one is handed the lock instead,
+    /// which keeps it held). Never blocks, except that a condition changed
+    /// between the check and the take is released again through the guard
+    /// (a few instructions).
     @inlinable
     func takeIfFree(anyCondition: Bool, wanted: Int) -> Bool {
         guard AtomicMemory.load(from: held, ordering: .relaxed) == 0,
@@ -269,8 +291,9 @@ public struct ConditionLock: Locking, @unchecked Sendable {
         return false
     }
 
-    /// Called holding the guard. Releases the lock, or hands it to the first
-    /// waiter that the condition now lets in. Releases the guard.
+    /// Called holding the guard. Releases the lock (waking the first waiter
+    /// that the condition now lets in, if any), or hands it to that waiter
+    /// if it is starving. Releases the guard. Nobody waiting: one store.
     @inlinable
     func release(_ guardLock: PlainFutexMutex, caller: StaticString) {
         if AtomicMemory.load(from: held, ordering: .relaxed) == 0 {
@@ -279,12 +302,12 @@ public struct ConditionLock: Locking, @unchecked Sendable {
         }
         if firstWaiter.pointee == nil {
             // Releasing: pairs with the acquiring compare-and-swap that takes
-            // the lock next (`takeIfFree`, `acquire`).
+            // the lock next (`takeIfFree`, `acquire`, `awaitTurn`).
             AtomicMemory.store(0, to: held, ordering: .releasing)
             guardLock.unlock()
             return
         }
-        handOff(guardLock)
+        releaseToWaiters(guardLock)
     }
 }
 
@@ -297,7 +320,8 @@ extension ConditionLock {
     @usableFromInline
     struct Waiter {
         struct Fields {
-            /// Waiting, sleeping or granted (atomic).
+            /// Awake, sleeping or granted (atomic; written under the guard,
+            /// read by the waiter without it).
             var state: UInt32
             /// 1 if any condition will do (guarded).
             var anyCondition: UInt32
@@ -307,13 +331,17 @@ extension ConditionLock {
             var next: UnsafeMutableRawPointer?
             /// The previous waiter (guarded).
             var previous: UnsafeMutableRawPointer?
+            /// When it joined the line, monotonic nanoseconds (guarded).
+            var queuedAt: Int64
         }
 
-        /// Spinning, not yet asleep: a hand-off needs no wake call.
-        static var waiting: UInt32 { 0 }
-        /// May be asleep on `state`: a hand-off must wake it.
+        /// Running (spinning, or on its way to look at the lock under the
+        /// guard): an unlock that frees the lock for it needs no wake call.
+        static var awake: UInt32 { 0 }
+        /// May be asleep on `state`: an unlock that frees the lock for it
+        /// sets `awake` and wakes it.
         static var sleeping: UInt32 { 1 }
-        /// The lock has been handed to this thread.
+        /// The lock has been handed to this thread (and it left the line).
         static var granted: UInt32 { 2 }
 
         static var byteCount: Int { MemoryLayout<Fields>.size }
@@ -340,65 +368,101 @@ extension ConditionLock {
             get { base.load(fromByteOffset: offset(\.previous), as: UnsafeMutableRawPointer?.self) }
             nonmutating set { base.storeBytes(of: newValue, toByteOffset: offset(\.previous), as: UnsafeMutableRawPointer?.self) }
         }
+        var queuedAt: Int64 {
+            get { base.load(fromByteOffset: offset(\.queuedAt), as: Int64.self) }
+            nonmutating set { base.storeBytes(of: newValue, toByteOffset: offset(\.queuedAt), as: Int64.self) }
+        }
 
         func admits(_ condition: Int) -> Bool { anyCondition || wanted == condition }
     }
 
     /// Called holding the guard, the lock taken by another thread or its
-    /// condition not the wanted one. Queues the caller and waits for a
-    /// hand-off or the deadline. Releases the guard.
+    /// condition not the wanted one. Queues the caller and waits until it
+    /// takes the lock, is handed it, or the deadline passes. Releases the
+    /// guard.
     @usableFromInline
     @inline(never)
     func acquireContended(
         _ guardLock: PlainFutexMutex, anyCondition: Bool, wanted: Int, before deadline: MonotonicClock.Instant
     ) -> Bool {
-        if !deadline.isDistantFuture && MonotonicClock.now >= deadline {
+        let now = MonotonicClock.now
+        if !deadline.isDistantFuture && now >= deadline {
             guardLock.unlock()
             return false
         }
         return withUnsafeTemporaryAllocation(byteCount: Waiter.byteCount, alignment: Waiter.alignment) { buffer in
             let me = Waiter(base: buffer.baseAddress!)
-            me.state.initialize(to: Waiter.waiting)
+            me.state.initialize(to: Waiter.awake)
             me.anyCondition = anyCondition
             me.wanted = wanted
+            me.queuedAt = now.nanoseconds
             append(me)
             guardLock.unlock()
-            return awaitHandOff(me, guardLock, until: deadline)
+            return awaitTurn(me, guardLock, until: deadline)
         }
     }
 
-    /// Waits, queued as `me`, until a hand-off (true) or the deadline (false).
-    func awaitHandOff(_ me: Waiter, _ guardLock: PlainFutexMutex, until deadline: MonotonicClock.Instant) -> Bool {
-        // Acquiring loads: pair with the releasing exchange in `handOff`,
-        // which publishes the previous holder's critical section.
-        let granted = { AtomicMemory.load(from: me.state, ordering: .acquiring) == Waiter.granted }
-        if spin.poll(granted) { return true }
-        let announced = AtomicMemory.compareExchange(
-            expected: Waiter.waiting, desired: Waiter.sleeping, at: me.state, ordering: .acquiring)
-        if !announced.exchanged { return true }  // granted meanwhile
+    /// Waits, queued as `me`, until it takes the lock or is handed it (true)
+    /// or the deadline passes (false); leaves the line either way.
+    ///
+    /// Whether to sleep is decided under the guard, and so is every unlock's
+    /// choice (`releaseToWaiters`): either the unlock came first and the
+    /// waiter finds the lock free here, or the waiter's `sleeping` came
+    /// first and the unlock wakes it. A waiter leaves the line without the
+    /// lock only when it found the lock held (its holder's unlock chooses
+    /// again) or its condition not admitted (the unlock that set the
+    /// condition chose another thread), so no wake-up is lost with it.
+    func awaitTurn(_ me: Waiter, _ guardLock: PlainFutexMutex, until deadline: MonotonicClock.Instant) -> Bool {
         let futex = Futex(me.state)
+        var timedOut = false
         while true {
-            let result = announcingBlocking { futex.wait(expecting: Waiter.sleeping, until: deadline) }
-            if granted() { return true }
-            if result == .timedOut {
-                guardLock.lock()
-                if granted() {
-                    guardLock.unlock()
-                    return true
+            if !timedOut {
+                // Loads only, to leave the holder's cache lines alone: until
+                // the lock is handed over, or is free with a condition that
+                // admits us.
+                _ = spin.poll {
+                    AtomicMemory.load(from: me.state, ordering: .relaxed) == Waiter.granted
+                        || (AtomicMemory.load(from: held, ordering: .relaxed) == 0
+                            && me.admits(AtomicMemory.load(from: conditionWord, ordering: .relaxed)))
                 }
+            }
+            guardLock.lock()
+            // Acquiring: pairs with the releasing exchange in `handOff`, which
+            // publishes the previous holder's critical section.
+            if AtomicMemory.load(from: me.state, ordering: .acquiring) == Waiter.granted {
+                guardLock.unlock()
+                return true
+            }
+            if AtomicMemory.load(from: held, ordering: .relaxed) == 0
+                && me.admits(AtomicMemory.load(from: conditionWord, ordering: .relaxed))
+                // Acquiring: pairs with the releasing store in `release` /
+                // `releaseToWaiters`.
+                && AtomicMemory.compareAndSwap(expected: 0, desired: 1, at: held, ordering: .acquiring)
+            {
+                unlink(me)
+                guardLock.unlock()
+                return true
+            }
+            if timedOut || (!deadline.isDistantFuture && MonotonicClock.now >= deadline) {
                 unlink(me)
                 guardLock.unlock()
                 return false
             }
-            // Woken spuriously: still queued, sleep again.
+            AtomicMemory.store(Waiter.sleeping, to: me.state, ordering: .relaxed)
+            guardLock.unlock()
+            // Refused at once if an unlock set `awake` or `granted` since.
+            let result = announcingBlocking { futex.wait(expecting: Waiter.sleeping, until: deadline) }
+            timedOut = result == .timedOut
         }
     }
 
-    /// Called holding the guard with waiters queued: hands the lock to the
-    /// first waiter the condition admits, or releases it. Releases the guard.
+    /// Called holding the guard and the lock, with waiters queued: frees the
+    /// lock and wakes the first waiter the condition admits (if it sleeps),
+    /// or hands the lock to it if it is starving and a fair hand-off is due.
+    /// Releases the guard.
     @usableFromInline
     @inline(never)
-    func handOff(_ guardLock: PlainFutexMutex) {
+    func releaseToWaiters(_ guardLock: PlainFutexMutex) {
         let condition = AtomicMemory.load(from: conditionWord, ordering: .relaxed)
         var candidate = firstWaiter.pointee
         while let node = candidate, !Waiter(base: node).admits(condition) {
@@ -412,6 +476,41 @@ extension ConditionLock {
             return
         }
         let chosen = Waiter(base: node)
+        if isFairHandOffDue(to: chosen) {
+            handOff(to: chosen, guardLock)
+            return
+        }
+        // Free the lock for whoever comes first: the chosen thread, or one
+        // that barges. Releasing: pairs with the acquiring compare-and-swap
+        // that takes it next.
+        AtomicMemory.store(0, to: held, ordering: .releasing)
+        // Awake already (spinning, woken by an earlier unlock, or on its way
+        // to the guard): it will look at the lock without a wake call.
+        let asleep = AtomicMemory.load(from: chosen.state, ordering: .relaxed) == Waiter.sleeping
+        if asleep { AtomicMemory.store(Waiter.awake, to: chosen.state, ordering: .relaxed) }
+        guardLock.unlock()
+        // After releasing the guard, so that the woken thread does not run
+        // into it. The thread may have left (woken spuriously or timed out,
+        // it saw `awake` and took the lock) before this call: see `handOff`.
+        if asleep { Futex(chosen.state).wake(1) }
+    }
+
+    /// Whether the lock goes to `chosen` directly: it has waited at least
+    /// `LockTuning.starvationBound`, and the last such hand-off was at least
+    /// `LockTuning.fairHandoffInterval` ago (records this one if so). Called
+    /// holding the guard; reads the clock (vDSO), only with waiters queued.
+    func isFairHandOffDue(to chosen: Waiter) -> Bool {
+        let now = MonotonicClock.now.nanoseconds
+        guard now &- chosen.queuedAt >= LockTuning.starvationBound.nanosecondsSaturating else { return false }
+        let last = word(\.lastFairHandOff)
+        guard now &- last.pointee >= LockTuning.fairHandoffInterval.nanosecondsSaturating else { return false }
+        last.pointee = now
+        return true
+    }
+
+    /// Called holding the guard: hands the lock, still held, to `chosen`, a
+    /// starving waiter, and wakes it if it sleeps. Releases the guard.
+    func handOff(to chosen: Waiter, _ guardLock: PlainFutexMutex) {
         unlink(chosen)
         // `held` stays 1: the lock passes to the chosen thread. Releasing:
         // the critical section just ended is published to it.
