@@ -205,6 +205,21 @@ struct EventSourceKernelTests {
         }
     }
 
+    /// Process sources cancelled just as their child exits: the cancel call
+    /// (on a queue's worker) closes a source's pidfd while the reactor may
+    /// be reading the exit status from it. 300 children, 16 sources on
+    /// each, cancelled at staggered moments after the child is let exit:
+    /// the process survives (the pidfd closes only after its
+    /// last user), every cancel handler runs once, and every child is left
+    /// to `waitpid`.
+    @Test func processSourcesCancelledAsTheirChildExitsEndCleanly() async {
+        await #expect(processExitsWith: .success) {
+            unblockAllSignals()
+            armHangAlarm(seconds: 120)
+            exit(cancelAsChildrenExit(rounds: 300, sourcesPerChild: 16))
+        }
+    }
+
     /// The events Linux cannot observe without privileges are refused at
     /// creation (`processEventsNotObservable`, naming them); a process that
     /// does not exist gives `noSuchProcess` (a reaped child's pid, 0, -5).
@@ -490,6 +505,49 @@ private func countSignals() -> Int32 {
     usleep(10_000)
     guard rt.sum == 1000 else { return 10 }
     guard usr1.cancel(), marker.cancel(), rt.cancel() else { return 11 }
+    return 0
+}
+
+/// `processSourcesCancelledAsTheirChildExitsEndCleanly` in its own
+/// process: 0, or the failed check.
+private func cancelAsChildrenExit(rounds: Int, sourcesPerChild: Int) -> Int32 {
+    let queue = WorkQueue(label: "kernel.exit-cancel", kind: .concurrent)
+    for round in 0..<rounds {
+        var gate: [Int32] = [0, 0]
+        guard pipe(&gate) == 0 else { return 2 }
+        let child = fork()
+        if child == 0 {
+            close(gate[1])
+            var byte: UInt8 = 0
+            _ = read(gate[0], &byte, 1)  // until the parent's sources are active
+            _exit(0)
+        }
+        guard child > 0 else { return 3 }
+        close(gate[0])
+        let cancelled = LockedValue(0)
+        let finished = Semaphore(value: 0)
+        var sources: [EventSource] = []
+        for _ in 0..<sourcesPerChild {
+            guard let source = try? EventSource.process(child, on: .queue(queue)) else { return 4 }
+            source.setEventHandler { _ in }
+            source.setCancelHandler { _ in cancelled.withLock { $0 += 1 }; finished.signal() }
+            source.activate()
+            sources.append(source)
+        }
+        close(gate[1])  // the child exits: every pidfd becomes readable at once
+        // The reactor reads the sources' exits one after another while the
+        // queue's workers run their cancel calls: staggered over 0–300 µs,
+        // the last-read first, so that the two sweeps cross.
+        let spin = MonotonicClock.now.advanced(by: .microseconds(Int64(round * 37 % 301)))
+        while MonotonicClock.now < spin {}
+        for source in sources.reversed() { source.cancel() }
+        for _ in 0..<sourcesPerChild {
+            guard finished.wait(timeout: .seconds(10)) else { return 5 }
+        }
+        guard cancelled.withLock({ $0 }) == sourcesPerChild else { return 6 }
+        var status: Int32 = 0
+        guard waitpid(child, &status, 0) == child, status == 0 else { return 7 }
+    }
     return 0
 }
 
