@@ -23,7 +23,9 @@
 
 _Static_assert(CSHIMS_IN_MODIFY == IN_MODIFY && CSHIMS_IN_ATTRIB == IN_ATTRIB &&
                    CSHIMS_IN_MOVE_SELF == IN_MOVE_SELF && CSHIMS_IN_DELETE_SELF == IN_DELETE_SELF &&
-                   CSHIMS_IN_UNMOUNT == IN_UNMOUNT && CSHIMS_IN_IGNORED == IN_IGNORED,
+                   CSHIMS_IN_UNMOUNT == IN_UNMOUNT && CSHIMS_IN_IGNORED == IN_IGNORED &&
+                   CSHIMS_IN_CREATE == IN_CREATE && CSHIMS_IN_DELETE == IN_DELETE &&
+                   CSHIMS_IN_MOVED_FROM == IN_MOVED_FROM && CSHIMS_IN_MOVED_TO == IN_MOVED_TO,
                "inotify bits must match <sys/inotify.h>");
 _Static_assert(CSHIMS_FD_SOCKET == S_IFSOCK && CSHIMS_FD_FIFO == S_IFIFO,
                "file type constants must match <sys/stat.h>");

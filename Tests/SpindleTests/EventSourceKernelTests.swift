@@ -305,6 +305,52 @@ struct EventSourceKernelTests {
         #expect(seen.withLock { $0.count } == 8)
     }
 
+    /// A source on a directory reports changes of its entries, as a kqueue
+    /// vnode source on a directory does: creating, renaming and removing a
+    /// file in it is `write`; making or removing a subdirectory is `write`
+    /// and `link` (the directory's link count changes). A directory's size
+    /// is not reported as `extend`.
+    @Test(arguments: HandlerPlaceKind.allCases)
+    func directoryReportsEntriesCreatedRemovedAndRenamed(_ kind: HandlerPlaceKind) throws {
+        let place = try HandlerPlace(kind, label: "kernel.vnode-directory")
+        defer { place.close() }
+        let directory = scratchPath("vnode-directory-\(kind)")
+        try #require(mkdir(directory, 0o700) == 0)
+        let file = directory + "/entry", renamed = directory + "/renamed", sub = directory + "/sub"
+        defer { for name in [file, renamed] { unlink(name) }; rmdir(sub); rmdir(directory) }
+        let fd = open(directory, O_RDONLY | O_DIRECTORY)
+        try #require(fd >= 0)
+        let seen = LockedValue<[EventSource.FileEvents]>([])
+        let called = Semaphore(value: 0)
+        let finished = Semaphore(value: 0)
+        let source = try EventSource.fileSystemObject(descriptor: fd, events: .all, on: place.target)
+        source.setEventHandler { s in seen.withLock { $0.append(s.fileEvents) }; called.signal() }
+        source.setCancelHandler { s in close(s.handle); finished.signal() }
+        source.activate()
+
+        func expectNext(_ expected: EventSource.FileEvents, _ what: String, sourceLocation: SourceLocation = #_sourceLocation) {
+            guard called.wait(timeout: .seconds(10)) else {
+                Issue.record("no event for \(what)", sourceLocation: sourceLocation)
+                return
+            }
+            let last = seen.withLock { $0.last }
+            #expect(last == expected, "\(what): \(String(describing: last)), expected \(expected)", sourceLocation: sourceLocation)
+        }
+        #expect(writeFile(file, [1, 2, 3]))
+        expectNext(.write, "a file created")
+        #expect(rename(file, renamed) == 0)
+        expectNext(.write, "a file renamed")
+        #expect(unlink(renamed) == 0)
+        expectNext(.write, "a file removed")
+        #expect(mkdir(sub, 0o700) == 0)
+        expectNext([.write, .link], "a subdirectory made")
+        #expect(rmdir(sub) == 0)
+        expectNext([.write, .link], "a subdirectory removed")
+        source.cancel()
+        #expect(finished.wait(timeout: .seconds(10)))
+        #expect(seen.withLock { $0.count } == 5)
+    }
+
     /// A source asks only for what it wants: a `.write` source does not
     /// fire for chmod or rename, and its data never holds other events.
     @Test func fileEventsOutsideTheMaskAreNotReported() throws {

@@ -61,12 +61,24 @@ extension EventSource {
     /// | event | inotify | reported when |
     /// |---|---|---|
     /// | `write` | `IN_MODIFY` | a write or a truncation (not told apart) |
+    /// | `write` (a directory) | `IN_CREATE`, `IN_DELETE`, `IN_MOVED_FROM`, `IN_MOVED_TO` | an entry made, removed or renamed |
     /// | `extend` | `IN_MODIFY` | the size grew since the last event |
     /// | `attributes` | `IN_ATTRIB` | mode, owner, times, links changed |
     /// | `link` | `IN_ATTRIB` | the link count changed |
     /// | `delete` | `IN_ATTRIB` / `IN_DELETE_SELF` | the link count reached 0 |
     /// | `rename` | `IN_MOVE_SELF` | any rename of the file |
     /// | `revoke` | `IN_UNMOUNT` | its file system was unmounted |
+    ///
+    /// On a directory, the changes of its entries are what a watch is for,
+    /// and they are reported as a kqueue vnode source on a directory reports
+    /// them: an entry made, removed, or renamed within, into or out of it
+    /// (inotify's `IN_CREATE`, `IN_DELETE`, `IN_MOVED_FROM`, `IN_MOVED_TO`)
+    /// is `write`; when that changes the directory's link count (a
+    /// subdirectory made or removed) it is `link` too. Changes inside an
+    /// entry (a write to a file in the directory) are not the directory's
+    /// and are not reported; nor is its size (`extend` never occurs on a
+    /// directory). `attributes`, `rename` and `delete` mean what they mean
+    /// for a file.
     ///
     /// With the descriptor open (as a source needs), deleting the last name
     /// gives only an attribute change with link count 0; that is reported as
@@ -228,7 +240,8 @@ extension EventSource {
 
     /// A source that reports `events` of the file-system object open on
     /// `descriptor` (`data` = the `FileEvents` that occurred, ORed since the
-    /// last call; see `FileEvents` for what Linux can tell apart). It follows
+    /// last call; see `FileEvents` for what Linux can tell apart, and what a
+    /// directory reports when its entries change). It follows
     /// the file, not its name. The descriptor must stay open while the
     /// source runs; the source never closes it.
     ///
