@@ -458,6 +458,12 @@ public final class EventSource: @unchecked Sendable, CustomStringConvertible {
 
     func nonZero(_ value: UInt64) -> UInt64? { value == 0 ? nil : value }
 
+    /// For a timer source, how many times its timer has fired (the pool's
+    /// timer heap or its loop timer woke for it) since it was activated;
+    /// nil for other kinds. A test's count: a timer whose call is pending
+    /// is disarmed and fires no more until the call has run. Never blocks.
+    package var timerFirings: Int? { (watch as? TimerWatch)?.firingCount }
+
     /// Ends a registration or event call and submits the next one, if any.
     private func finishCall() {
         state.bitwiseAnd(~State.scheduled, ordering: .sequentiallyConsistent)
