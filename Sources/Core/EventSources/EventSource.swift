@@ -16,9 +16,12 @@ import Synchronization
 /// ticker.cancel()
 /// ```
 ///
-/// **Life cycle.** A new source is inactive: it records nothing and runs
-/// nothing. Install the handlers, then `activate()` (or `resume()`), which
-/// starts watching. An active source keeps itself alive until it is
+/// **Life cycle.** A new source is inactive: it runs nothing and watches
+/// nothing yet (its kernel watch, or its timer, starts with `activate()`),
+/// but data merged into a data source meanwhile is kept and delivered in
+/// the first call after activation, as the guide's dispatch sources do.
+/// Install the handlers, then `activate()` (or `resume()`), which starts
+/// watching. An active source keeps itself alive until it is
 /// cancelled, so a caller may drop its reference. `cancel()` is final and
 /// asynchronous: it returns at once, a handler call already running
 /// finishes, then the cancel handler runs exactly once on the target, and
