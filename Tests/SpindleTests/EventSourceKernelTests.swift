@@ -306,10 +306,11 @@ struct EventSourceKernelTests {
     }
 
     /// A source on a directory reports changes of its entries, as a kqueue
-    /// vnode source on a directory does: creating, renaming and removing a
-    /// file in it is `write`; making or removing a subdirectory is `write`
+    /// vnode source on a directory does: creating, renaming (one call or
+    /// two) and removing a file in it is `write`; making or removing a subdirectory is `write`
     /// and `link` (the directory's link count changes). A directory's size
-    /// is not reported as `extend`.
+    /// is not reported as `extend`, nor a write or chmod of a file in it
+    /// (inotify reports those to a directory watch too, named).
     @Test(arguments: HandlerPlaceKind.allCases)
     func directoryReportsEntriesCreatedRemovedAndRenamed(_ kind: HandlerPlaceKind) throws {
         let place = try HandlerPlace(kind, label: "kernel.vnode-directory")
@@ -328,27 +329,42 @@ struct EventSourceKernelTests {
         source.setCancelHandler { s in close(s.handle); finished.signal() }
         source.activate()
 
-        func expectNext(_ expected: EventSource.FileEvents, _ what: String, sourceLocation: SourceLocation = #_sourceLocation) {
+        /// The next call's events are `expected`; or, with `orFirst`, a
+        /// call of `orFirst` (left from the step before) then `expected`.
+        func expectNext(
+            _ expected: EventSource.FileEvents, _ what: String, orFirst earlier: EventSource.FileEvents? = nil,
+            sourceLocation: SourceLocation = #_sourceLocation
+        ) {
             guard called.wait(timeout: .seconds(10)) else {
                 Issue.record("no event for \(what)", sourceLocation: sourceLocation)
                 return
             }
             let last = seen.withLock { $0.last }
+            if let earlier, last == earlier, last != expected {
+                expectNext(expected, what, sourceLocation: sourceLocation)
+                return
+            }
             #expect(last == expected, "\(what): \(String(describing: last)), expected \(expected)", sourceLocation: sourceLocation)
         }
         #expect(writeFile(file, [1, 2, 3]))
         expectNext(.write, "a file created")
+        // Inside an entry: the file's change, not the directory's (reported,
+        // it would be a call of its own or join the rename's).
+        #expect(chmod(file, 0o640) == 0)
+        // A rename is two inotify events (IN_MOVED_FROM, IN_MOVED_TO), which
+        // the reactor may read apart: one `write` call, or two, the second
+        // perhaps joining the next step's (told apart by its `link`).
         #expect(rename(file, renamed) == 0)
         expectNext(.write, "a file renamed")
+        #expect(mkdir(sub, 0o700) == 0)
+        expectNext([.write, .link], "a subdirectory made", orFirst: .write)
         #expect(unlink(renamed) == 0)
         expectNext(.write, "a file removed")
-        #expect(mkdir(sub, 0o700) == 0)
-        expectNext([.write, .link], "a subdirectory made")
         #expect(rmdir(sub) == 0)
         expectNext([.write, .link], "a subdirectory removed")
         source.cancel()
         #expect(finished.wait(timeout: .seconds(10)))
-        #expect(seen.withLock { $0.count } == 5)
+        #expect((5...6).contains(seen.withLock { $0.count }), "\(seen.withLock { $0 })")
     }
 
     /// A source asks only for what it wants: a `.write` source does not

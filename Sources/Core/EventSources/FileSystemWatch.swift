@@ -14,7 +14,10 @@ import CShims
 /// only after the last descriptor closes, and the source's is open). On a
 /// directory, inotify's events for its entries (`IN_CREATE`, `IN_DELETE`,
 /// `IN_MOVED_FROM`, `IN_MOVED_TO`) are a write of the directory, as a kqueue
-/// vnode source reports them; a directory's size is not an extension.
+/// vnode source reports them; a directory's size is not an extension. The
+/// events inotify sends a directory watch about what happens inside its
+/// entries (a file in it written or chmodded: `IN_MODIFY`, `IN_ATTRIB` with
+/// the entry's name) are not the directory's, and are dropped.
 final class FileSystemWatch: SourceWatch, @unchecked Sendable {
     // @unchecked: everything mutable is guarded by the registry's lock.
 
@@ -73,13 +76,21 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
     /// the registry's lock.
     fileprivate func translate(_ mask: UInt32) -> EventSource.FileEvents {
         var found: EventSource.FileEvents = []
+        if mask & CSHIMS_IN_ENTRY != 0 {
+            // About an entry of this directory: a change of the directory
+            // only if the entry was made, removed or renamed; a write to a
+            // file in it (or its chmod) is the file's, not the directory's.
+            guard mask & Self.entryChanges != 0 else { return [] }
+            found.insert(.write)
+        }
         let stat = try? EventSourceCalls.stat(descriptor)
-        if mask & CSHIMS_IN_MODIFY != 0 { found.insert(.write) }
-        if mask & Self.entryChanges != 0 { found.insert(.write) }
-        if mask & CSHIMS_IN_ATTRIB != 0 { found.insert(.attributes) }
-        if mask & CSHIMS_IN_MOVE_SELF != 0 { found.insert(.rename) }
-        if mask & CSHIMS_IN_DELETE_SELF != 0 { found.insert(.delete) }
-        if mask & CSHIMS_IN_UNMOUNT != 0 { found.insert(.revoke) }
+        if mask & CSHIMS_IN_ENTRY == 0 {
+            if mask & CSHIMS_IN_MODIFY != 0 { found.insert(.write) }
+            if mask & CSHIMS_IN_ATTRIB != 0 { found.insert(.attributes) }
+            if mask & CSHIMS_IN_MOVE_SELF != 0 { found.insert(.rename) }
+            if mask & CSHIMS_IN_DELETE_SELF != 0 { found.insert(.delete) }
+            if mask & CSHIMS_IN_UNMOUNT != 0 { found.insert(.revoke) }
+        }
         if let stat {
             if stat.size > size && !isDirectory { found.insert(.extend) }
             if stat.links != links { found.insert(.link) }
