@@ -23,8 +23,13 @@
 
 _Static_assert(CSHIMS_IN_MODIFY == IN_MODIFY && CSHIMS_IN_ATTRIB == IN_ATTRIB &&
                    CSHIMS_IN_MOVE_SELF == IN_MOVE_SELF && CSHIMS_IN_DELETE_SELF == IN_DELETE_SELF &&
-                   CSHIMS_IN_UNMOUNT == IN_UNMOUNT && CSHIMS_IN_IGNORED == IN_IGNORED,
+                   CSHIMS_IN_UNMOUNT == IN_UNMOUNT && CSHIMS_IN_IGNORED == IN_IGNORED &&
+                   CSHIMS_IN_CREATE == IN_CREATE && CSHIMS_IN_DELETE == IN_DELETE &&
+                   CSHIMS_IN_MOVED_FROM == IN_MOVED_FROM && CSHIMS_IN_MOVED_TO == IN_MOVED_TO,
                "inotify bits must match <sys/inotify.h>");
+_Static_assert(CSHIMS_IN_ENTRY == IN_ONESHOT && (CSHIMS_IN_ENTRY & IN_ALL_EVENTS) == 0 &&
+                   (CSHIMS_IN_ENTRY & (IN_UNMOUNT | IN_Q_OVERFLOW | IN_IGNORED | IN_ISDIR)) == 0,
+               "CSHIMS_IN_ENTRY must be a bit no inotify event carries");
 _Static_assert(CSHIMS_FD_SOCKET == S_IFSOCK && CSHIMS_FD_FIFO == S_IFIFO,
                "file type constants must match <sys/stat.h>");
 
@@ -185,7 +190,7 @@ int cshims_inotify_read(int ifd, int32_t *wds, uint32_t *masks, int max) {
     for (char *at = buffer; at < buffer + got && count < max;) {
         const struct inotify_event *event = (const struct inotify_event *)(void *)at;
         wds[count] = event->wd;
-        masks[count] = event->mask;
+        masks[count] = event->len > 0 ? event->mask | CSHIMS_IN_ENTRY : event->mask;
         count += 1;
         at += sizeof(struct inotify_event) + event->len;
     }

@@ -205,6 +205,21 @@ struct EventSourceKernelTests {
         }
     }
 
+    /// Process sources cancelled just as their child exits: the cancel call
+    /// (on a queue's worker) closes a source's pidfd while the reactor may
+    /// be reading the exit status from it. 300 children, 16 sources on
+    /// each, cancelled at staggered moments after the child is let exit:
+    /// the process survives (the pidfd closes only after its
+    /// last user), every cancel handler runs once, and every child is left
+    /// to `waitpid`.
+    @Test func processSourcesCancelledAsTheirChildExitsEndCleanly() async {
+        await #expect(processExitsWith: .success) {
+            unblockAllSignals()
+            armHangAlarm(seconds: 120)
+            exit(cancelAsChildrenExit(rounds: 300, sourcesPerChild: 16))
+        }
+    }
+
     /// The events Linux cannot observe without privileges are refused at
     /// creation (`processEventsNotObservable`, naming them); a process that
     /// does not exist gives `noSuchProcess` (a reaped child's pid, 0, -5).
@@ -288,6 +303,68 @@ struct EventSourceKernelTests {
         source.cancel()
         #expect(finished.wait(timeout: .seconds(10)))
         #expect(seen.withLock { $0.count } == 8)
+    }
+
+    /// A source on a directory reports changes of its entries, as a kqueue
+    /// vnode source on a directory does: creating, renaming (one call or
+    /// two) and removing a file in it is `write`; making or removing a subdirectory is `write`
+    /// and `link` (the directory's link count changes). A directory's size
+    /// is not reported as `extend`, nor a write or chmod of a file in it
+    /// (inotify reports those to a directory watch too, named).
+    @Test(arguments: HandlerPlaceKind.allCases)
+    func directoryReportsEntriesCreatedRemovedAndRenamed(_ kind: HandlerPlaceKind) throws {
+        let place = try HandlerPlace(kind, label: "kernel.vnode-directory")
+        defer { place.close() }
+        let directory = scratchPath("vnode-directory-\(kind)")
+        try #require(mkdir(directory, 0o700) == 0)
+        let file = directory + "/entry", renamed = directory + "/renamed", sub = directory + "/sub"
+        defer { for name in [file, renamed] { unlink(name) }; rmdir(sub); rmdir(directory) }
+        let fd = open(directory, O_RDONLY | O_DIRECTORY)
+        try #require(fd >= 0)
+        let seen = LockedValue<[EventSource.FileEvents]>([])
+        let called = Semaphore(value: 0)
+        let finished = Semaphore(value: 0)
+        let source = try EventSource.fileSystemObject(descriptor: fd, events: .all, on: place.target)
+        source.setEventHandler { s in seen.withLock { $0.append(s.fileEvents) }; called.signal() }
+        source.setCancelHandler { s in close(s.handle); finished.signal() }
+        source.activate()
+
+        /// The next call's events are `expected`; or, with `orFirst`, a
+        /// call of `orFirst` (left from the step before) then `expected`.
+        func expectNext(
+            _ expected: EventSource.FileEvents, _ what: String, orFirst earlier: EventSource.FileEvents? = nil,
+            sourceLocation: SourceLocation = #_sourceLocation
+        ) {
+            guard called.wait(timeout: .seconds(10)) else {
+                Issue.record("no event for \(what)", sourceLocation: sourceLocation)
+                return
+            }
+            let last = seen.withLock { $0.last }
+            if let earlier, last == earlier, last != expected {
+                expectNext(expected, what, sourceLocation: sourceLocation)
+                return
+            }
+            #expect(last == expected, "\(what): \(String(describing: last)), expected \(expected)", sourceLocation: sourceLocation)
+        }
+        #expect(writeFile(file, [1, 2, 3]))
+        expectNext(.write, "a file created")
+        // Inside an entry: the file's change, not the directory's (reported,
+        // it would be a call of its own or join the rename's).
+        #expect(chmod(file, 0o640) == 0)
+        // A rename is two inotify events (IN_MOVED_FROM, IN_MOVED_TO), which
+        // the reactor may read apart: one `write` call, or two, the second
+        // perhaps joining the next step's (told apart by its `link`).
+        #expect(rename(file, renamed) == 0)
+        expectNext(.write, "a file renamed")
+        #expect(mkdir(sub, 0o700) == 0)
+        expectNext([.write, .link], "a subdirectory made", orFirst: .write)
+        #expect(unlink(renamed) == 0)
+        expectNext(.write, "a file removed")
+        #expect(rmdir(sub) == 0)
+        expectNext([.write, .link], "a subdirectory removed")
+        source.cancel()
+        #expect(finished.wait(timeout: .seconds(10)))
+        #expect((5...6).contains(seen.withLock { $0.count }), "\(seen.withLock { $0 })")
     }
 
     /// A source asks only for what it wants: a `.write` source does not
@@ -490,6 +567,49 @@ private func countSignals() -> Int32 {
     usleep(10_000)
     guard rt.sum == 1000 else { return 10 }
     guard usr1.cancel(), marker.cancel(), rt.cancel() else { return 11 }
+    return 0
+}
+
+/// `processSourcesCancelledAsTheirChildExitsEndCleanly` in its own
+/// process: 0, or the failed check.
+private func cancelAsChildrenExit(rounds: Int, sourcesPerChild: Int) -> Int32 {
+    let queue = WorkQueue(label: "kernel.exit-cancel", kind: .concurrent)
+    for round in 0..<rounds {
+        var gate: [Int32] = [0, 0]
+        guard pipe(&gate) == 0 else { return 2 }
+        let child = fork()
+        if child == 0 {
+            close(gate[1])
+            var byte: UInt8 = 0
+            _ = read(gate[0], &byte, 1)  // until the parent's sources are active
+            _exit(0)
+        }
+        guard child > 0 else { return 3 }
+        close(gate[0])
+        let cancelled = LockedValue(0)
+        let finished = Semaphore(value: 0)
+        var sources: [EventSource] = []
+        for _ in 0..<sourcesPerChild {
+            guard let source = try? EventSource.process(child, on: .queue(queue)) else { return 4 }
+            source.setEventHandler { _ in }
+            source.setCancelHandler { _ in cancelled.withLock { $0 += 1 }; finished.signal() }
+            source.activate()
+            sources.append(source)
+        }
+        close(gate[1])  // the child exits: every pidfd becomes readable at once
+        // The reactor reads the sources' exits one after another while the
+        // queue's workers run their cancel calls: staggered over 0–300 µs,
+        // the last-read first, so that the two sweeps cross.
+        let spin = MonotonicClock.now.advanced(by: .microseconds(Int64(round * 37 % 301)))
+        while MonotonicClock.now < spin {}
+        for source in sources.reversed() { source.cancel() }
+        for _ in 0..<sourcesPerChild {
+            guard finished.wait(timeout: .seconds(10)) else { return 5 }
+        }
+        guard cancelled.withLock({ $0 }) == sourcesPerChild else { return 6 }
+        var status: Int32 = 0
+        guard waitpid(child, &status, 0) == child, status == 0 else { return 7 }
+    }
     return 0
 }
 

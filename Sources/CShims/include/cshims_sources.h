@@ -58,7 +58,11 @@ int cshims_inotify_watch_descriptor(int ifd, int fd, uint32_t mask);
 int cshims_inotify_unwatch(int ifd, int wd);
 // Reads the queued events (one read(2)); fills up to `max` pairs (watch
 // descriptor, IN_* mask) and returns how many; 0 when none are queued.
-// `max` must be at least 256 (a 4 KiB read of name-less events).
+// `max` must be at least 256 (a 4 KiB read of name-less events). An event
+// about an entry of a watched directory (one that carries a name) has
+// CSHIMS_IN_ENTRY added to its mask, and its name is skipped; the 4 KiB
+// buffer holds at least one event with the longest name (16 + NAME_MAX + 1
+// bytes).
 int cshims_inotify_read(int ifd, int32_t *wds, uint32_t *masks, int max);
 
 #define CSHIMS_IN_MODIFY 0x00000002u
@@ -67,6 +71,15 @@ int cshims_inotify_read(int ifd, int32_t *wds, uint32_t *masks, int max);
 #define CSHIMS_IN_DELETE_SELF 0x00000400u
 #define CSHIMS_IN_UNMOUNT 0x00002000u
 #define CSHIMS_IN_IGNORED 0x00008000u
+// A watched directory's entries: made, removed, renamed out of it, into it.
+#define CSHIMS_IN_CREATE 0x00000100u
+#define CSHIMS_IN_DELETE 0x00000200u
+#define CSHIMS_IN_MOVED_FROM 0x00000040u
+#define CSHIMS_IN_MOVED_TO 0x00000080u
+// Added by cshims_inotify_read to an event about a directory's entry (not
+// the watched object itself). The bit is IN_ONESHOT's, a flag of
+// inotify_add_watch that the kernel never sets in an event.
+#define CSHIMS_IN_ENTRY 0x80000000u
 
 // fstat(2) of `fd`: its file type (st_mode & S_IFMT), size and link count.
 int cshims_fd_stat(int fd, uint32_t *type, int64_t *size, uint64_t *links);

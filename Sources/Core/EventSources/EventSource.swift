@@ -16,9 +16,12 @@ import Synchronization
 /// ticker.cancel()
 /// ```
 ///
-/// **Life cycle.** A new source is inactive: it records nothing and runs
-/// nothing. Install the handlers, then `activate()` (or `resume()`), which
-/// starts watching. An active source keeps itself alive until it is
+/// **Life cycle.** A new source is inactive: it runs nothing and watches
+/// nothing yet (its kernel watch, or its timer, starts with `activate()`),
+/// but data merged into a data source meanwhile is kept and delivered in
+/// the first call after activation, as the guide's dispatch sources do.
+/// Install the handlers, then `activate()` (or `resume()`), which starts
+/// watching. An active source keeps itself alive until it is
 /// cancelled, so a caller may drop its reference. `cancel()` is final and
 /// asynchronous: it returns at once, a handler call already running
 /// finishes, then the cancel handler runs exactly once on the target, and
@@ -457,6 +460,12 @@ public final class EventSource: @unchecked Sendable, CustomStringConvertible {
     }
 
     func nonZero(_ value: UInt64) -> UInt64? { value == 0 ? nil : value }
+
+    /// For a timer source, how many times its timer has fired (the pool's
+    /// timer heap or its loop timer woke for it) since it was activated;
+    /// nil for other kinds. A test's count: a timer whose call is pending
+    /// is disarmed and fires no more until the call has run. Never blocks.
+    package var timerFirings: Int? { (watch as? TimerWatch)?.firingCount }
 
     /// Ends a registration or event call and submits the next one, if any.
     private func finishCall() {

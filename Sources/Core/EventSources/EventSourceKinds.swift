@@ -61,12 +61,24 @@ extension EventSource {
     /// | event | inotify | reported when |
     /// |---|---|---|
     /// | `write` | `IN_MODIFY` | a write or a truncation (not told apart) |
+    /// | `write` (a directory) | `IN_CREATE`, `IN_DELETE`, `IN_MOVED_FROM`, `IN_MOVED_TO` | an entry made, removed or renamed |
     /// | `extend` | `IN_MODIFY` | the size grew since the last event |
     /// | `attributes` | `IN_ATTRIB` | mode, owner, times, links changed |
     /// | `link` | `IN_ATTRIB` | the link count changed |
     /// | `delete` | `IN_ATTRIB` / `IN_DELETE_SELF` | the link count reached 0 |
     /// | `rename` | `IN_MOVE_SELF` | any rename of the file |
     /// | `revoke` | `IN_UNMOUNT` | its file system was unmounted |
+    ///
+    /// On a directory, the changes of its entries are what a watch is for,
+    /// and they are reported as a kqueue vnode source on a directory reports
+    /// them: an entry made, removed, or renamed within, into or out of it
+    /// (inotify's `IN_CREATE`, `IN_DELETE`, `IN_MOVED_FROM`, `IN_MOVED_TO`)
+    /// is `write`; when that changes the directory's link count (a
+    /// subdirectory made or removed) it is `link` too. Changes inside an
+    /// entry (a write to a file in the directory) are not the directory's
+    /// and are not reported; nor is its size (`extend` never occurs on a
+    /// directory). `attributes`, `rename` and `delete` mean what they mean
+    /// for a file.
     ///
     /// With the descriptor open (as a source needs), deleting the last name
     /// gives only an attribute change with link count 0; that is reported as
@@ -136,8 +148,29 @@ extension EventSource {
     /// kernel refuses that timerfd (`timerfd_create`, e.g. `EMFILE`), the
     /// source fails with `EventSourceError.systemCall` (see `failure`).
     ///
-    /// `interval` must be positive and `leeway` non-negative: otherwise a
-    /// precondition failure with a message.
+    /// A repeating timer uses at most half its `interval` as leeway (a larger
+    /// one, even `Duration.seconds(Int64.max)`, means "as late as that"),
+    /// as Dispatch bounds it: so it still fires every period. A one-shot's
+    /// leeway is used as given.
+    ///
+    /// **While its call cannot start** (the source or its queue suspended,
+    /// the queue busy, the previous call still running) the timer is
+    /// disarmed: it fires once, then costs nothing until that call runs,
+    /// whose `data` counts every due time up to its start; the timer is
+    /// armed again when the call returns. The handler never sees more than
+    /// one call's worth of firings at a time, and no wake-ups are spent on
+    /// a timer nobody can serve.
+    ///
+    /// A start in the past fires at once, its `data` counting the periods
+    /// since then: a monotonic start may be any instant (even one near
+    /// `Int64.min` nanoseconds, long before the clock's start), a
+    /// wall-clock one any instant from 1677-09-21 (2^63 nanoseconds before
+    /// 1970, where the schedule's count begins) on; a wall-clock start after
+    /// 2262-04-11 never comes.
+    ///
+    /// `interval` must be positive, `leeway` non-negative, and a wall-clock
+    /// `start` not before 1677-09-21 00:12:44 UTC: otherwise a precondition
+    /// failure with a message naming the argument.
     public static func timer(
         start: TimerStart = .now, interval: Duration?, leeway: Duration = .zero, on target: Target
     ) -> EventSource {
@@ -145,6 +178,11 @@ extension EventSource {
             require(interval > .zero, "EventSource.timer: `interval` is \(interval); a repeating timer needs a positive interval (nil for one firing)")
         }
         require(leeway >= .zero, "EventSource.timer: `leeway` is \(leeway); it cannot be negative")
+        if case .wall(let first) = start {
+            require(
+                TimerWatch.nanoseconds(first) != nil || first.secondsSinceEpoch > 0,
+                "EventSource.timer: `start` is \(first); a wall-clock start cannot be before 1677-09-21 00:12:44 UTC (-9223372036.854775808 s since 1970), the earliest time a timer's schedule counts from")
+        }
         return EventSource(
             kind: .timer, handle: 0, mask: 0, target: target,
             watch: TimerWatch(start: start, interval: interval, leeway: leeway))
@@ -228,7 +266,8 @@ extension EventSource {
 
     /// A source that reports `events` of the file-system object open on
     /// `descriptor` (`data` = the `FileEvents` that occurred, ORed since the
-    /// last call; see `FileEvents` for what Linux can tell apart). It follows
+    /// last call; see `FileEvents` for what Linux can tell apart, and what a
+    /// directory reports when its entries change). It follows
     /// the file, not its name. The descriptor must stay open while the
     /// source runs; the source never closes it.
     ///

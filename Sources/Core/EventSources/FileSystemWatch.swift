@@ -11,12 +11,20 @@ import CShims
 /// source's descriptor: an extension is a modification that grew the size;
 /// a link change is an attribute change that changed the link count; a
 /// deletion is the link count reaching 0 (inotify sends `IN_DELETE_SELF`
-/// only after the last descriptor closes, and the source's is open).
+/// only after the last descriptor closes, and the source's is open). On a
+/// directory, inotify's events for its entries (`IN_CREATE`, `IN_DELETE`,
+/// `IN_MOVED_FROM`, `IN_MOVED_TO`) are a write of the directory, as a kqueue
+/// vnode source reports them; a directory's size is not an extension. The
+/// events inotify sends a directory watch about what happens inside its
+/// entries (a file in it written or chmodded: `IN_MODIFY`, `IN_ATTRIB` with
+/// the entry's name) are not the directory's, and are dropped.
 final class FileSystemWatch: SourceWatch, @unchecked Sendable {
     // @unchecked: everything mutable is guarded by the registry's lock.
 
     let descriptor: Int32
     let events: EventSource.FileEvents
+    /// Whether the object is a directory (its entries' changes are writes).
+    let isDirectory: Bool
     fileprivate var wd: Int32 = -1
     fileprivate var size: Int64
     fileprivate var links: UInt64
@@ -31,6 +39,7 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
         let stat = try EventSourceCalls.stat(descriptor)
         self.descriptor = descriptor
         self.events = events
+        isDirectory = stat.type == EventSourceCalls.directory
         size = stat.size
         links = stat.links
     }
@@ -41,10 +50,14 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
     var inotifyMask: UInt32 {
         var mask: UInt32 = 0
         if !events.isDisjoint(with: [.write, .extend]) { mask |= CSHIMS_IN_MODIFY }
+        if isDirectory && !events.isDisjoint(with: [.write, .link]) { mask |= Self.entryChanges }
         if !events.isDisjoint(with: [.attributes, .link, .delete]) { mask |= CSHIMS_IN_ATTRIB | CSHIMS_IN_DELETE_SELF }
         if events.contains(.rename) { mask |= CSHIMS_IN_MOVE_SELF }
         return mask
     }
+
+    /// A directory's entry events: one made, removed, or renamed out or in.
+    private static let entryChanges = CSHIMS_IN_CREATE | CSHIMS_IN_DELETE | CSHIMS_IN_MOVED_FROM | CSHIMS_IN_MOVED_TO
 
     func start(for source: EventSource, on loop: ThreadLoop, modes: [LoopMode]) {
         do throws(EventSourceError) {
@@ -63,14 +76,23 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
     /// the registry's lock.
     fileprivate func translate(_ mask: UInt32) -> EventSource.FileEvents {
         var found: EventSource.FileEvents = []
+        if mask & CSHIMS_IN_ENTRY != 0 {
+            // About an entry of this directory: a change of the directory
+            // only if the entry was made, removed or renamed; a write to a
+            // file in it (or its chmod) is the file's, not the directory's.
+            guard mask & Self.entryChanges != 0 else { return [] }
+            found.insert(.write)
+        }
         let stat = try? EventSourceCalls.stat(descriptor)
-        if mask & CSHIMS_IN_MODIFY != 0 { found.insert(.write) }
-        if mask & CSHIMS_IN_ATTRIB != 0 { found.insert(.attributes) }
-        if mask & CSHIMS_IN_MOVE_SELF != 0 { found.insert(.rename) }
-        if mask & CSHIMS_IN_DELETE_SELF != 0 { found.insert(.delete) }
-        if mask & CSHIMS_IN_UNMOUNT != 0 { found.insert(.revoke) }
+        if mask & CSHIMS_IN_ENTRY == 0 {
+            if mask & CSHIMS_IN_MODIFY != 0 { found.insert(.write) }
+            if mask & CSHIMS_IN_ATTRIB != 0 { found.insert(.attributes) }
+            if mask & CSHIMS_IN_MOVE_SELF != 0 { found.insert(.rename) }
+            if mask & CSHIMS_IN_DELETE_SELF != 0 { found.insert(.delete) }
+            if mask & CSHIMS_IN_UNMOUNT != 0 { found.insert(.revoke) }
+        }
         if let stat {
-            if stat.size > size { found.insert(.extend) }
+            if stat.size > size && !isDirectory { found.insert(.extend) }
             if stat.links != links { found.insert(.link) }
             if stat.links == 0 { found.insert(.delete) }
             size = stat.size

@@ -1,15 +1,25 @@
 /// The watch of a timer source. It keeps the schedule (start + n ×
 /// interval, on the monotonic or the wall clock) and counts the due times
-/// that have passed at each firing, so missed periods merge into one call
-/// whose data says how many.
+/// that have passed, so missed periods merge into one call whose data says
+/// how many.
 ///
 /// - For a source on a work queue, the timer is an entry in the
 ///   `TimerQueue` (one heap for all of them, whose top is the deadline of
 ///   the pool worker that waits in the pool's poller).
-/// - For a source on a run loop, it lives in that loop's own timers, so
-///   that it fires only in the loop's modes: a monotonic schedule is one
-///   repeating `LoopTimer` (which keeps start + n × interval itself); a
-///   wall-clock one is a chain of one-shot `LoopTimer`s.
+/// - For a source on a run loop, it is a chain of one-shot `LoopTimer`s in
+///   that loop's own timers, so that it fires only in the loop's modes.
+///
+/// **Disarmed while its call is pending.** A firing hands the due times
+/// passed to the source and arms nothing: the timer stays disarmed until
+/// the handler call that firing asked for has run (`handlerReturned`),
+/// whatever holds that call back (a suspended source, a suspended or busy
+/// queue, a slow handler). The call counts the due times that passed
+/// meanwhile when it starts (`take`), so its data is every due time since
+/// the previous call, as libdispatch counts a timer's missed firings; and a
+/// timer whose call cannot start costs no wake-up at all. Each arming fires
+/// at most once; a firing that finds nothing due (a wall-clock time
+/// translated early, or due times a call already counted) arms again at
+/// once instead.
 ///
 /// A wall-clock due time is translated to the monotonic clock when it is
 /// scheduled, and checked against the wall clock when it fires (never
@@ -19,37 +29,52 @@
 /// timer of the old one fires no more): set forward past its due time, it
 /// fires at once, counting the periods passed; set back, it waits for its
 /// due time on the wall clock.
+///
+/// Schedules are counted in `Int64` nanoseconds on their clock (a wall-clock
+/// start from 1677 to 2262); the arithmetic between two of them is done in
+/// `Int128`, so a start long past (near `Int64.min`) counts its periods
+/// without overflow.
 final class TimerWatch: SourceWatch, @unchecked Sendable {
     // @unchecked: everything mutable is guarded by `lock`.
 
     let start: EventSource.TimerStart
     let interval: Duration?
+    /// The leeway used: the one asked for, but at most half the interval
+    /// for a repeating timer (see `EventSource.timer`).
     let leeway: Duration
     private let period: Int64?
 
     private let lock = GuardLock()
     private weak var source: EventSource?
     /// Where the last start put the watch; a wall-clock timer is started
-    /// there again when the system time is set.
+    /// there again when the system time is set, and every timer is armed
+    /// there again after its call.
     private var place: Place?
     private typealias Place = (loop: ThreadLoop, modes: [LoopMode])
     private var timer: LoopTimer?
     private var stopped = false
-    /// Bumped by each start (and so by `move`) and by `stop`: timers and
-    /// queue entries of an older arming fire no more.
+    /// Bumped by each start (and so by `move`), by a clock setting and by
+    /// `stop`: timers and queue entries of an older arming fire no more.
     private var arming = 0
+    /// The timer fired and is disarmed until the call it asked for has run.
+    private var awaitingCall = false
     /// The next due time, in nanoseconds on the schedule's clock; `.max`
     /// once a one-shot has fired.
     private var due: Int64
+    /// How many times the heap or a loop timer fired this watch (a test's
+    /// count of wake-ups spent on it).
+    private var firings = 0
+    var firingCount: Int { lock.withLock { firings } }
 
+    /// `start` is checked by `EventSource.timer` (`nanoseconds(_:)`).
     init(start: EventSource.TimerStart, interval: Duration?, leeway: Duration) {
         self.start = start
         self.interval = interval
-        self.leeway = leeway
+        self.leeway = interval.map { min(leeway, $0 / 2) } ?? leeway
         period = interval.map(\.nanosecondsSaturating)
         switch start {
         case .monotonic(let first): due = first.nanoseconds
-        case .wall(let first): due = Self.nanoseconds(first)
+        case .wall(let first): due = Self.nanoseconds(first) ?? .max  // after 2262: never
         }
     }
 
@@ -60,7 +85,7 @@ final class TimerWatch: SourceWatch, @unchecked Sendable {
 
     /// The schedule clock's current time.
     private func now() -> Int64 {
-        isWall ? Self.nanoseconds(WallClock.now) : MonotonicClock.now.nanoseconds
+        isWall ? (Self.nanoseconds(WallClock.now) ?? .max) : MonotonicClock.now.nanoseconds
     }
 
     /// `due` on the monotonic clock. Under `lock`.
@@ -69,18 +94,19 @@ final class TimerWatch: SourceWatch, @unchecked Sendable {
     }
 
     /// How many due times have passed at `now` (0 if none yet), moving the
-    /// next due time past `now` (start + n × interval). Under `lock`.
+    /// next due time past `now` (start + n × interval; `.max` past what
+    /// `Int64` counts). Under `lock`.
     private func consume(now: Int64) -> UInt64 {
         guard now >= due else { return 0 }
         guard let period else {
             due = .max
             return 1
         }
-        let periods = (now - due) / period + 1
-        let (step, o1) = periods.multipliedReportingOverflow(by: period)
-        let (next, o2) = due.addingReportingOverflow(step)
-        due = o1 || o2 ? .max : next
-        return UInt64(periods)
+        // In Int128: `now - due` exceeds Int64 for a start near Int64.min.
+        let periods = (Int128(now) - Int128(due)) / Int128(period) + 1
+        let next = Int128(due) + periods * Int128(period)
+        due = next >= Int128(Int64.max) ? .max : Int64(next)
+        return UInt64(clamping: periods)
     }
 
     func start(for source: EventSource, on loop: ThreadLoop, modes: [LoopMode]) {
@@ -89,6 +115,9 @@ final class TimerWatch: SourceWatch, @unchecked Sendable {
             self.source = source
             place = (loop, modes)
             self.arming += 1
+            // A call still pending from before a move may never run where it
+            // was submitted (a loop whose thread exited): arm here anyway.
+            awaitingCall = false
             return due == .max ? nil : self.arming
         }
         guard let arming else { return }
@@ -108,15 +137,65 @@ final class TimerWatch: SourceWatch, @unchecked Sendable {
     private func arm(arming: Int, on loop: ThreadLoop, modes: [LoopMode]) {
         if loop === EventReactor.loop {
             scheduleInQueue(arming: arming)
-        } else if isWall {
-            armWall(arming: arming, on: loop, modes: modes)
         } else {
-            let first = lock.withLock { due }
-            let made = LoopTimer(
-                fireAt: MonotonicClock.Instant(nanoseconds: first), interval: interval, tolerance: leeway
-            ) { [weak self] _ in self?.fire(arming: arming) }
-            install(made, arming: arming, on: loop, modes: modes)
+            armOnLoop(arming: arming, on: loop, modes: modes)
         }
+    }
+
+    // MARK: Firing
+
+    /// What a firing found.
+    private enum Firing {
+        /// Of an older arming, or after `stop`: nothing.
+        case stale
+        /// Nothing was due: arm again.
+        case early
+        /// Due times passed: handed to the source; disarmed until its call.
+        case fired
+    }
+
+    /// Counts the due times passed and hands them to the source, leaving
+    /// the timer disarmed until the source's call has run (`handlerReturned`).
+    private func fire(arming: Int) -> Firing {
+        let (count, source, ended): (UInt64, EventSource?, Bool) = lock.withLock {
+            guard !stopped, arming == self.arming else { return (0, nil, false) }
+            firings += 1
+            timer = nil
+            let count = consume(now: now())
+            if count > 0 { awaitingCall = true }
+            return (count, self.source, due == .max)
+        }
+        guard let source else { return .stale }
+        guard count > 0 else { return .early }
+        // No due time is left: a clock change can no longer matter.
+        if ended && isWall { WallClockRegistry.shared.remove(self) }
+        source.add(count)
+        return .fired
+    }
+
+    /// The data of the call about to run: the due times the firing counted
+    /// plus those that passed while the call waited. On the target.
+    func take(for source: EventSource) -> UInt64? {
+        let (missed, ended): (UInt64, Bool) = lock.withLock {
+            guard !stopped, due != .max else { return (0, false) }
+            let missed = consume(now: now())
+            return (missed, due == .max)
+        }
+        if ended && isWall { WallClockRegistry.shared.remove(self) }
+        return source.nonZero(source.takeAccumulated() &+ missed)
+    }
+
+    /// The call a firing asked for has run: arm for the next due time,
+    /// which is in the past if the call took longer than a period (the
+    /// timer then fires at once, counting those). On the target.
+    func handlerReturned(for source: EventSource) {
+        let rearm: (arming: Int, at: Place)? = lock.withLock {
+            guard awaitingCall, !stopped, let place else { return nil }
+            awaitingCall = false
+            return due == .max ? nil : (arming, place)
+        }
+        guard let rearm else { return }
+        arm(arming: rearm.arming, on: rearm.at.loop, modes: rearm.at.modes)
     }
 
     // MARK: In the timer queue
@@ -134,38 +213,21 @@ final class TimerWatch: SourceWatch, @unchecked Sendable {
     /// The `TimerQueue` reached this watch's entry (on the pool worker that
     /// holds the poller).
     func fireFromQueue(arming: Int) {
-        guard fire(arming: arming) else { return }
-        scheduleInQueue(arming: arming)
-    }
-
-    /// Counts the due times passed and hands them to the source. Returns
-    /// whether the arming is still current (so the next firing should be
-    /// scheduled).
-    @discardableResult
-    private func fire(arming: Int) -> Bool {
-        let (count, source, ended): (UInt64, EventSource?, Bool) = lock.withLock {
-            guard !stopped, arming == self.arming else { return (0, nil, false) }
-            return (consume(now: now()), self.source, due == .max)
-        }
-        guard let source else { return false }
-        // No due time is left: a clock change can no longer matter.
-        if ended && isWall { WallClockRegistry.shared.remove(self) }
-        source.add(count)
-        return true
+        if fire(arming: arming) == .early { scheduleInQueue(arming: arming) }
     }
 
     // MARK: On a run loop
 
-    /// One link of a wall-clock chain on a loop: a one-shot timer at the
-    /// monotonic translation of the next due time.
-    private func armWall(arming: Int, on loop: ThreadLoop, modes: [LoopMode]) {
+    /// One link of the chain on a loop: a one-shot timer at the monotonic
+    /// time of the next due time (translated, for a wall-clock schedule).
+    private func armOnLoop(arming: Int, on loop: ThreadLoop, modes: [LoopMode]) {
         let fireAt: Int64? = lock.withLock {
             stopped || arming != self.arming || due == .max ? nil : monotonicDue()
         }
         guard let fireAt else { return }
         let made = LoopTimer(fireAt: MonotonicClock.Instant(nanoseconds: fireAt), tolerance: leeway) { [weak self] _ in
-            guard let self, self.fire(arming: arming) else { return }
-            self.armWall(arming: arming, on: loop, modes: modes)
+            guard let self, self.fire(arming: arming) == .early else { return }
+            self.armOnLoop(arming: arming, on: loop, modes: modes)
         }
         install(made, arming: arming, on: loop, modes: modes)
     }
@@ -207,9 +269,11 @@ final class TimerWatch: SourceWatch, @unchecked Sendable {
 
     /// The system time was set: translates the next due time again, at
     /// once, under a new arming (on the reactor, from `WallClockRegistry`).
+    /// A timer disarmed until its call is left so: the call counts with the
+    /// clock as it is then, and arms the translation after it.
     fileprivate func clockWasSet() {
         let restart: (arming: Int, at: Place, old: LoopTimer?)? = lock.withLock {
-            guard !stopped, due != .max, let place else { return nil }
+            guard !stopped, !awaitingCall, due != .max, let place else { return nil }
             arming += 1
             defer { timer = nil }
             return (arming, place, timer)
@@ -219,14 +283,20 @@ final class TimerWatch: SourceWatch, @unchecked Sendable {
         arm(arming: restart.arming, on: restart.at.loop, modes: restart.at.modes)
     }
 
-    private static func nanoseconds(_ instant: WallClock.Instant) -> Int64 {
-        let (s, o1) = instant.secondsSinceEpoch.multipliedReportingOverflow(by: 1_000_000_000)
-        let (ns, o2) = s.addingReportingOverflow(Int64(instant.nanoseconds))
-        return o1 || o2 ? (instant.secondsSinceEpoch < 0 ? .min : .max) : ns
+    /// `instant` in nanoseconds since 1970; nil where `Int64` cannot count
+    /// them (before 1677-09-21 or after 2262-04-11).
+    static func nanoseconds(_ instant: WallClock.Instant) -> Int64? {
+        Int64(exactly: Int128(instant.secondsSinceEpoch) * 1_000_000_000 + Int128(instant.nanoseconds))
     }
 
+    /// Nanoseconds since 1970 as a wall-clock instant: whole seconds rounded
+    /// down (toward the past), so the nanoseconds within the second are
+    /// never negative, before 1970 as after it.
     private static func wallInstant(_ ns: Int64) -> WallClock.Instant {
-        WallClock.Instant(secondsSinceEpoch: ns / 1_000_000_000, nanoseconds: Int32(ns % 1_000_000_000))
+        let (seconds, nanoseconds) = ns.quotientAndRemainder(dividingBy: 1_000_000_000)
+        return nanoseconds < 0
+            ? WallClock.Instant(secondsSinceEpoch: seconds - 1, nanoseconds: Int32(nanoseconds + 1_000_000_000))
+            : WallClock.Instant(secondsSinceEpoch: seconds, nanoseconds: Int32(nanoseconds))
     }
 }
 
