@@ -16,6 +16,9 @@ extension UInt: AtomicMemoryWord {}
 /// memory: add, increment, decrement, or, and, xor, compare-and-swap,
 /// test-and-set and test-and-clear, plus load, store and exchange.
 ///
+/// Replaces Darwin's `OSAtomic` functions (`OSAtomicAdd32Barrier`,
+/// `OSAtomicCompareAndSwapPtr`...).
+///
 /// Unlike `Synchronization.Atomic`, these work on memory Spindle did not
 /// allocate: a field of a C struct, a buffer from `mmap`, a page shared with
 /// another process. The memory must stay valid and must only be accessed

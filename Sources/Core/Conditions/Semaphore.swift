@@ -1,5 +1,5 @@
 /// A counting semaphore with the dispatch-semaphore model: Spindle's
-/// `DispatchSemaphore`.
+/// `DispatchSemaphore`, and POSIX's `sem_t` between threads of one process.
 ///
 /// ```swift
 /// let slots = Semaphore(value: 4)                // at most four copies at a time

@@ -5,6 +5,9 @@ import Synchronization
 /// file's changes, or data the program merges in) and runs its handler on a
 /// `WorkQueue` or a `ThreadLoop` each time the event occurs.
 ///
+/// Replaces Dispatch's `DispatchSource` kinds (`makeTimerSource`,
+/// `makeReadSource`, `makeSignalSource`...): one static function per kind.
+///
 /// ```swift
 /// let queue = WorkQueue(label: "ticks")
 /// let ticker = EventSource.timer(interval: .milliseconds(10), leeway: .milliseconds(1), on: .queue(queue))

@@ -3,7 +3,8 @@ import CShims
 /// The clock every Spindle deadline is measured on: Linux `CLOCK_MONOTONIC`,
 /// which never jumps (unlike the wall clock) and does not advance while the
 /// machine is suspended. It is the clock futex and io_uring deadlines use, so
-/// a deadline passes to the kernel without conversion. (Swift's
+/// a deadline passes to the kernel without conversion. Where Dispatch takes
+/// a `DispatchTime`, Spindle takes an instant of this clock. (Swift's
 /// `ContinuousClock` reads `CLOCK_BOOTTIME` on Linux, which the futex call
 /// does not accept.)
 public struct MonotonicClock: Clock, Sendable {

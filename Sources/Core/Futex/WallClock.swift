@@ -4,6 +4,7 @@ import CShims
 /// and processes agree on, for records that outlive a process (the time a
 /// `DistributedLock` was taken). It may jump when the system time is set, so
 /// it is never a deadline's own clock: deadlines are on `MonotonicClock`.
+/// It plays the part of Dispatch's `DispatchWallTime`.
 /// A `WallClock.Instant` can still be passed wherever a clock-generic
 /// deadline is taken (it is `MonotonicClockConvertible`); see
 /// `WallClock.Instant.monotonicInstant` for what that means when the wall

@@ -1,10 +1,10 @@
-/// A job made of one or more closures, the guide's block operation: when it
-/// runs, its closures run concurrently (the first on the job's own thread,
-/// the others on pool workers of the job's band), and the job finishes when
-/// the last has returned, like a join. (Foundation's `BlockOperation` on
-/// Linux runs them one after another on one thread.) There is no order among
-/// the closures; for an order, use dependencies between jobs or a serial
-/// `WorkQueue`.
+/// A job made of one or more closures, the guide's block operation
+/// (Foundation's `BlockOperation`): when it runs, its closures run
+/// concurrently (the first on the job's own thread, the others on pool workers
+/// of the job's band), and the job finishes when the last has returned, like a
+/// join. (Foundation's `BlockOperation` on Linux runs them one after another
+/// on one thread.) There is no order among the closures; for an order, use
+/// dependencies between jobs or a serial `WorkQueue`.
 ///
 /// A closure that throws does not stop the others; the job keeps the first
 /// error thrown (by time) in `error`. Closures that should stop early on

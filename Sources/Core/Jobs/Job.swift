@@ -4,6 +4,8 @@
 /// completion handler. Run it on a `JobQueue` (the usual way: the queue
 /// gives it a pool worker) or by hand with `start()`.
 ///
+/// Replaces Foundation's `Operation`.
+///
 /// ## Two shapes of custom job
 /// - **Synchronous** (the default): subclass and override `main()`. The job
 ///   is executing while `main()` runs and finished when it returns (or

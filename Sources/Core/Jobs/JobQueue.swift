@@ -4,6 +4,8 @@
 /// at most `maxConcurrentJobCount` at a time, on a worker of the job's
 /// thread-priority band.
 ///
+/// Replaces Foundation's `OperationQueue`.
+///
 /// - `maxConcurrentJobCount = 1` runs one job at a time, but in readiness
 ///   and priority order, not strictly in the order added: use dependencies
 ///   for a strict order.

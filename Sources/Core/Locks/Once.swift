@@ -2,7 +2,8 @@
 import Glibc
 #endif
 
-/// One-time initialization, the safe replacement for double-checked locking.
+/// One-time initialization, the safe replacement for double-checked locking:
+/// Spindle's `pthread_once` and `dispatch_once`.
 ///
 /// `run(_:)` runs its body exactly once per `Once`, however many threads call
 /// it at the same time: the first caller runs it, the others sleep on a futex

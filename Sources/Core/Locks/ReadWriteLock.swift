@@ -3,6 +3,8 @@
 /// while a writer waits, new readers wait too, so a stream of readers cannot
 /// starve a writer.
 ///
+/// Replaces pthread's `pthread_rwlock_t`.
+///
 /// Readers enter and leave with one atomic read-modify-write each (no system
 /// call while no one waits). Waiting readers sleep on the state word; waiting
 /// writers sleep on a second word, so a writer's unlock can wake one writer

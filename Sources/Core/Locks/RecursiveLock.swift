@@ -2,7 +2,8 @@
 import Glibc
 #endif
 
-/// A lock the holding thread may take again: Spindle's `NSRecursiveLock`.
+/// A lock the holding thread may take again: Spindle's `NSRecursiveLock`
+/// and `PTHREAD_MUTEX_RECURSIVE` mutex.
 ///
 /// Each `lock()` by the holder must be balanced by an `unlock()`; the lock is
 /// released to other threads when the count returns to zero. Underneath is

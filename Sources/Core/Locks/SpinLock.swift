@@ -1,6 +1,7 @@
 
 /// A test-and-test-and-set spin lock, for tiny critical sections only: a few
 /// loads and stores that never block, never allocate and never call out.
+/// Replaces pthread's `pthread_spinlock_t` and Darwin's `OSSpinLock`.
 ///
 /// The lock word's states:
 ///

@@ -1,6 +1,7 @@
-/// An in-process port: the guide's Mach port between threads. Any thread
-/// sends it messages (`PortEnvelope`); the thread whose `ThreadLoop` it was
-/// added to receives them, one per call of the port's handler.
+/// An in-process port: the guide's Mach port between threads (Foundation's
+/// `NSMachPort`, which Linux lacks). Any thread sends it messages
+/// (`PortEnvelope`); the thread whose `ThreadLoop` it was added to receives
+/// them, one per call of the port's handler.
 ///
 /// The guide's check-in, in short (the launcher's loop receives on
 /// `launcherPort`; the worker answers with a port of its own):

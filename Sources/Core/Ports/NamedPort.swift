@@ -1,8 +1,9 @@
-/// A port other processes reach: the guide's message port. A process
-/// publishes it under a name; another looks the name up (`RemotePort.lookup`)
-/// and sends it messages, one way or as requests that the port's handler
-/// answers. The messages arrive through the run loop the port is added to,
-/// one per handler call, in the order each sender sent them.
+/// A port other processes reach: the guide's message port (Foundation's
+/// `MessagePort`, which Linux lacks). A process publishes it under a name;
+/// another looks the name up (`RemotePort.lookup`) and sends it messages, one
+/// way or as requests that the port's handler answers. The messages arrive
+/// through the run loop the port is added to, one per handler call, in the
+/// order each sender sent them.
 ///
 ///     // Owner: publish, then run the loop.
 ///     let port = try NamedPort(name: "com.example.indexer") { message in

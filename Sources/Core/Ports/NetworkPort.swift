@@ -1,9 +1,9 @@
-/// A port other hosts reach over TCP: the guide's socket port. It listens
-/// on an IPv4 address and port; a sender connects with
-/// `RemotePort.connect(host:port:)` and sends messages, one way or as
-/// requests that the port's handler answers, as with a `NamedPort`. The
-/// messages arrive through the run loop the port is added to, one per
-/// handler call, in the order each sender sent them.
+/// A port other hosts reach over TCP: the guide's socket port (Foundation's
+/// `SocketPort`, whose frames it can speak). It listens on an IPv4 address and
+/// port; a sender connects with `RemotePort.connect(host:port:)` and sends
+/// messages, one way or as requests that the port's handler answers, as with a
+/// `NamedPort`. The messages arrive through the run loop the port is added to,
+/// one per handler call, in the order each sender sent them.
 ///
 ///     let port = try NetworkPort(host: "0.0.0.0", port: 7000) { message in
 ///         PortEnvelope(id: message.id)                    // the reply to a request

@@ -1,7 +1,7 @@
 /// A message for a port: an identifier chosen by the sender, a list of
 /// components (byte buffers and ports), and optionally a port to answer on.
-/// It is what the guide calls a port message; Foundation's class of that
-/// name is unrelated, so Spindle's is an envelope.
+/// It is what the guide calls a port message and does the job of
+/// Foundation's `PortMessage`, whose name Spindle leaves to Foundation.
 ///
 ///     let reply = LocalPort { answer in print(answer.id) }
 ///     ThreadLoop.current.add(reply)

@@ -1,7 +1,8 @@
 /// A send right to a `NamedPort`, possibly in another process: what the
-/// guide's remote message port is. Get one by name (`lookup`), or receive
-/// one in a message (a `.remotePort` component), or make one from a port
-/// of your own (`NamedPort.makeSendRight()`) to put in a message.
+/// guide's remote message port is (a remote `MessagePort`, or
+/// `SocketPort(remoteWithTCPPort:host:)`). Get one by name (`lookup`), or
+/// receive one in a message (a `.remotePort` component), or make one from a
+/// port of your own (`NamedPort.makeSendRight()`) to put in a message.
 ///
 ///     let server = try RemotePort.lookup("com.example.indexer")
 ///     try server.send(PortEnvelope(id: 1, components: [.bytes(Array("reindex".utf8))]), timeout: .milliseconds(100))

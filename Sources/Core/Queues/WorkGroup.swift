@@ -1,6 +1,8 @@
 /// A count of unfinished work that callers can wait on, or be notified
 /// about: the guide's dispatch group.
 ///
+/// Replaces Dispatch's `DispatchGroup`.
+///
 /// `enter()` adds one, `leave()` takes one away; `async(group:_:)` on a
 /// queue does both around an item. `wait` blocks until the count is zero
 /// (one wait for every member at once, where thread joins would take one

@@ -3,6 +3,8 @@
 /// closure submitted when it is done. The guide's block object with
 /// Dispatch's cancellation and notification.
 ///
+/// Replaces Dispatch's `DispatchWorkItem`.
+///
 /// A work item runs at most once: submitting or performing it a second time
 /// stops the process with a message. One cancelled before it starts never
 /// runs its closure; it is done when its queue reaches it (or at once, if it

@@ -3,6 +3,9 @@ import CShims
 /// A queue of work items, the Concurrency Programming Guide's dispatch
 /// queue, on Spindle's worker pool.
 ///
+/// Replaces Dispatch's `DispatchQueue`; <doc:ComingFromDispatchAndFoundation>
+/// gives Spindle's name for each of its calls.
+///
 /// - A **serial** queue runs one item at a time, in the order submitted;
 ///   successive items may run on different threads. Distinct serial queues
 ///   run concurrently with each other.
@@ -790,7 +793,7 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
 }
 
 /// A key for values stored on queues (`WorkQueue.setSpecific(_:for:)`),
-/// compared by identity.
+/// compared by identity. Replaces Dispatch's `DispatchSpecificKey`.
 public final class WorkQueueKey<Value: Sendable>: Sendable {
     /// A new key, distinct from every other. Never blocks.
     public init() {}

@@ -1,6 +1,7 @@
-/// A run-loop mode: a named set of sources, timers and observers. A loop
-/// runs in one mode at a time, and only that mode's items take part; the
-/// events of other items are held until a pass in one of their modes.
+/// A run-loop mode (Foundation's `RunLoop.Mode`): a named set of sources,
+/// timers and observers. A loop runs in one mode at a time, and only that
+/// mode's items take part; the events of other items are held until a pass in
+/// one of their modes.
 ///
 /// Any name makes a mode. `.common` is not a mode one runs in but a set:
 /// adding an item to `.common` adds it to every mode in the loop's

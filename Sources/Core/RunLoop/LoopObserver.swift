@@ -1,7 +1,7 @@
 /// Watches a loop's passes: its handler runs at each of the chosen
 /// activities, on the loop's thread, in `order` among the mode's observers
 /// (lower first). A one-shot observer (`repeats: false`) invalidates itself
-/// after its first call.
+/// after its first call. Replaces Core Foundation's `CFRunLoopObserver`.
 ///
 /// ```swift
 /// let pending = LockedValue<[String]>([])

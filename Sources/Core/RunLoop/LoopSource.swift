@@ -1,6 +1,7 @@
 import Synchronization
 
-/// An input source of a run loop, of one of two kinds:
+/// An input source of a run loop (Core Foundation's `CFRunLoopSource`), of
+/// one of two kinds:
 ///
 /// - **Custom** (the guide's custom input source): another thread hands it
 ///   work by its own means, then calls `signal()`; on the loop's next pass

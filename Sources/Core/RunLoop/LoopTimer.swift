@@ -1,7 +1,8 @@
 import Synchronization
 
 /// A timer source: its handler runs on a loop's thread at its fire date, and
-/// for a repeating timer at every `interval` after it.
+/// for a repeating timer at every `interval` after it. Replaces Foundation's
+/// `Timer` (`CFRunLoopTimer`).
 ///
 /// ```swift
 /// let remaining = LockedValue(10)

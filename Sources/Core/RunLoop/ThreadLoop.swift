@@ -4,8 +4,8 @@ import CShims
 import Glibc
 #endif
 
-/// A thread's run loop: Spindle's `NSRunLoop`/`CFRunLoop`, on an io_uring
-/// (or epoll) event backend.
+/// A thread's run loop: Spindle's `RunLoop` (Foundation's `NSRunLoop`,
+/// Core Foundation's `CFRunLoop`), on an io_uring (or epoll) event backend.
 ///
 /// A loop thread with a timer and a queued block (the catalog's article
 /// <doc:RunningALoopThread> adds sources, a pipe, observers and modes):

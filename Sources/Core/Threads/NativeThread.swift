@@ -12,6 +12,8 @@ import Musl
 /// thread made with `pthread_create`), which Spindle registers the first time
 /// it asks for `NativeThread.current`.
 ///
+/// Replaces Foundation's `Thread` and pthread's `pthread_t`.
+///
 /// ```swift
 /// let attributes = NativeThread.Attributes(name: "scanner", affinity: [Topology.onlineCPUs[0]])
 /// let scanner = try NativeThread.start(attributes) {
@@ -536,7 +538,8 @@ private func currentThreadKeyDestructor(_ raw: UnsafeMutableRawPointer?) {
     thread.release()
 }
 
-/// Keys and values that belong to one thread: the guide's thread dictionary.
+/// Keys and values that belong to one thread: the guide's thread dictionary,
+/// Foundation's `Thread.threadDictionary`.
 /// Reach it through `NativeThread.current.threadDictionary`.
 ///
 /// Not `Sendable`: it belongs to its thread and must not be handed to

@@ -11,6 +11,9 @@ import Musl
 /// started once (`start()`), then joined for the closure's result, or
 /// detached.
 ///
+/// Replaces Foundation's `Thread(block:)` (adding a join), and
+/// `pthread_create` with `pthread_join`.
+///
 /// ```swift
 /// let worker = SpawnedThread(NativeThread.Attributes(name: "indexer")) {
 ///     try buildIndex()           // runs on the new thread

@@ -1,5 +1,5 @@
 /// A typed value that each thread has its own copy of, with a destructor that
-/// runs on the thread when it exits.
+/// runs on the thread when it exits. Replaces pthread's `pthread_key_create`.
 ///
 /// ```swift
 /// static let scratch = ThreadLocal<UnsafeMutableRawBufferPointer>(onThreadExit: { $0.deallocate() })
