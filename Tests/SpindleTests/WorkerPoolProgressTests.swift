@@ -59,6 +59,17 @@ struct WorkerPoolProgressTests {
         }
     }
 
+    /// A chain of 10^5 short items (each submits the next, so the slot's
+    /// wake-ups find nothing and back off), whose last item submits one
+    /// more and computes until it has started: the fill the back-off left
+    /// unannounced is found by the pool's monitor, and the item starts on
+    /// the free worker.
+    @Test func anItemAtTheEndOfALongChainStillStartsWhileItsSubmitterComputes() async {
+        await #expect(processExitsWith: .success) {
+            exit(checkAnItemAtTheEndOfALongChainStillStartsWhileItsSubmitterComputes())
+        }
+    }
+
     /// Three levels: each item submits the next and computes until its
     /// child has started. With one free worker per level missing, the chain
     /// needs every submission to be taken by another worker while its
@@ -297,4 +308,22 @@ private func checkTheMonitorSleepsWhileThePoolIsIdle() -> Int32 {
     let after = WorkQueue.poolMonitorLooks
     writeToStandardError("MONITOR: \(after - before) looks in 300 ms idle (\(after) in all)\n")
     return after == before && after > 0 ? 0 : 1
+}
+
+private func checkAnItemAtTheEndOfALongChainStillStartsWhileItsSubmitterComputes() -> Int32 {
+    let started = Flag()
+    let result = Flag()
+    let done = Semaphore(value: 0)
+    @Sendable func link(_ left: Int) {
+        if left > 0 {
+            WorkQueue.global().async { link(left - 1) }
+            return
+        }
+        WorkQueue.global().async { started.set() }
+        if started.spinUntilSet() { result.set() }
+        _ = done.signal()
+    }
+    WorkQueue.global().async { link(100_000) }
+    guard done.wait(timeout: .seconds(30)) else { return 2 }
+    return result.value == 1 ? 0 : 1
 }

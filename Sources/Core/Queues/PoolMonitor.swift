@@ -19,6 +19,11 @@ import CShims
 /// worker beyond the width parks after its item (the pool's over-width
 /// check); workers beyond the width exit after `WorkerPool.idleExit`.
 ///
+/// It also wakes a parked worker for a unit that sat in a worker's
+/// next-unit slot through a whole period (a fill the slot's back-off left
+/// unannounced, see `NextUnitSlot.announcesFill`, whose owner kept
+/// running), which takes it at once (`PoolWorker.wakeHint`).
+///
 /// ## Bound
 /// An item queued behind workers blocked outside Spindle starts within two
 /// periods of the moment they blocked (one to see each worker's unit, one
@@ -125,10 +130,18 @@ final class PoolMonitor: @unchecked Sendable {
         AtomicMemory.add(1, to: looksWord, ordering: .relaxed)
         var blocked = 0
         var anyRunning = false
+        var staleSlot: PoolWorker?
         for worker in pool.workerSnapshot() {
             let word = worker.progress
             let previous = worker.monitorLastLook
             worker.monitorLastLook = word
+            // A unit that sat in a slot through a whole period: a fill left
+            // unannounced (`NextUnitSlot.announcesFill`) whose owner kept
+            // running.
+            let slotWord = worker.slot.fullWord ?? 0
+            if slotWord != 0 && slotWord == worker.monitorLastSlot { staleSlot = worker }
+            worker.monitorLastSlot = slotWord
+            worker.slot.resetBackoff()
             switch PoolWorker.Progress.state(of: word) {
             case .idle:
                 continue
@@ -145,6 +158,7 @@ final class PoolMonitor: @unchecked Sendable {
             AtomicMemory.add(lent - blocked, to: pool.active, ordering: .sequentiallyConsistent)
             lent = blocked
         }
+        if let staleSlot, pool.wakeWouldStart { pool.wakeOne(forSlotOf: staleSlot) }
         if blocked > 0 && pool.hasQueuedWork() { pool.notifyIfNeeded() }
         if !anyRunning && lent == 0 { disarm() }
     }

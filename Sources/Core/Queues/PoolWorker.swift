@@ -36,6 +36,9 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     private var unitsStarted: UInt64 = 0
     /// `progress` at the monitor's last look. The monitor's thread only.
     var monitorLastLook: UInt64 = 0
+    /// The slot's word at the monitor's last look (0: empty). The
+    /// monitor's thread only.
+    var monitorLastSlot: UInt64 = 0
     /// 1 while the worker, parked, waits in the pool's poller rather than
     /// on `parkWord`: `unpark` then wakes the poller. Written by the worker,
     /// read by wakers; beside `parkWord`, which the same threads touch.
@@ -347,7 +350,9 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     private func takeWakeHint() {
         guard let (filler, word) = wakeHint else { return }
         wakeHint = nil
-        if let unit = filler.slot.steal(ifStill: word) { ring.push(unit) }
+        let unit = filler.slot.steal(ifStill: word)
+        filler.slot.noteWakeUp(foundWork: unit != nil)
+        if let unit { ring.push(unit) }
     }
 
     /// Moves the slot's unit to the front of the ring, where others can

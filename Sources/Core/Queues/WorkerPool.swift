@@ -217,7 +217,8 @@ final class WorkerPool: @unchecked Sendable {
         if lane == Self.defaultLane, let worker = PoolWorker.current(in: self) {
             let filledSlot = worker._withUnsafeGuaranteedRef { $0.pushLocal(unit.take().unsafelyUnwrapped, mayUseSlot: !shared) }
             if filledSlot {
-                if wakeWouldStart { wakeOne(forSlotOf: worker.takeUnretainedValue()) }
+                let announce = worker._withUnsafeGuaranteedRef { $0.slot.announcesFill() }
+                if announce && wakeWouldStart { wakeOne(forSlotOf: worker.takeUnretainedValue()) }
                 return
             }
         } else {
