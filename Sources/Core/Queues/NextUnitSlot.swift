@@ -22,11 +22,21 @@
 /// the unit and filled the slot again meanwhile.
 ///
 /// ## Cost
-/// A fill is one sequentially consistent store (the pool's wake-up check
-/// pairs with it, as with a ring push); the owner's take one
-/// compare-and-swap, on a line that thieves read only while searching and
-/// write only when they claim. Against the owner-private slot this
-/// replaced, that is two atomic read-modify-writes per chained unit.
+/// A fill is one releasing store (a plain store on x86_64), and a
+/// sequentially consistent fence when it is announced; the owner's take
+/// one compare-and-swap, on a line that thieves read only while searching
+/// and write only when they claim. Against the owner-private slot this
+/// replaced, that is one atomic read-modify-write per chained unit.
+///
+/// ## Announcing
+/// A fill is announced (a parked worker woken if nobody searches, see
+/// `announcesFill`) while such wake-ups find the unit still there; each
+/// woken worker that finds it already taken back by its owner doubles a
+/// back-off, up to 4,096 fills between two announced ones, and the pool's
+/// monitor clears it at each look (every 10 ms while the pool is busy).
+/// A chain of short items thus wakes a parked worker rarely, and an item
+/// that keeps computing after an unannounced fill loses the unit to a free
+/// worker when the monitor finds it sitting there a period later.
 ///
 /// ## Ordering
 /// The owner writes the unit before its sequentially consistent fill, which
@@ -80,10 +90,13 @@ final class NextUnitSlot {
         let seen = AtomicMemory.load(from: word, ordering: .acquiring)
         guard seen & Self.stateMask == Self.empty else { return unit }
         self.unit.initialize(to: unit)
-        // Sequentially consistent: with the submitter's wake-up check after
-        // it, the other half of a parking worker's give-back-then-look (see
-        // `PoolWorker.park`).
-        AtomicMemory.store((seen & ~Self.stateMask) &+ 4 | Self.full, to: word, ordering: .sequentiallyConsistent)
+        // Releasing: pairs with a thief's acquiring claim. The submitter's
+        // wake-up check after an announced fill starts with a sequentially
+        // consistent fence (`WorkerPool.submit`), which makes this store
+        // the other half of a parking worker's give-back-then-look (see
+        // `PoolWorker.park`); an unannounced fill needs no such order (the
+        // monitor finds it).
+        AtomicMemory.store((seen & ~Self.stateMask) &+ 4 | Self.full, to: word, ordering: .releasing)
         return nil
     }
 

@@ -59,7 +59,8 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     /// ring was empty (see `NextUnitSlot`). Whatever is submitted after it
     /// goes to the ring, so the slot always holds the oldest and the order
     /// stays FIFO. A fill is announced like a ring push (a parked worker is
-    /// woken if nobody searches), and a worker about to park takes a unit
+    /// woken if nobody searches; backing off while those wake-ups find
+    /// nothing, see `NextUnitSlot`), and a worker about to park takes a unit
     /// that has sat there for `slotGrace` (`stealStaleSlot`): the owner
     /// runs a chain of short items without losing one to a thief, and an
     /// item that keeps computing after it submitted leaves its successor

@@ -33,7 +33,11 @@ import CShims
 /// - **How a submitted unit reaches a free worker, and when.** Every
 ///   submission, to a ring, the injector or a slot, is announced: if no
 ///   worker is searching and a permit is free, one parked worker is woken
-///   (below). A searcher that finds nothing parks, and on its way (its
+///   (below); a worker woken for a slot fill takes the unit at once if its
+///   owner has not taken it back. Slot fills back off their announcements
+///   while those wake-ups find nothing (a chain of short items), and the
+///   monitor wakes a worker for a unit that sits in a slot through one of
+///   its periods, so an unannounced fill waits at most 20 ms. A searcher that finds nothing parks, and on its way (its
 ///   permit given back) looks at every ring and slot once more: a ring's
 ///   unit it takes at once; a slot's unit it takes if the slot still holds
 ///   the same unit after `PoolWorker.slotGrace` (3 µs, Go's back-off before
@@ -217,8 +221,11 @@ final class WorkerPool: @unchecked Sendable {
         if lane == Self.defaultLane, let worker = PoolWorker.current(in: self) {
             let filledSlot = worker._withUnsafeGuaranteedRef { $0.pushLocal(unit.take().unsafelyUnwrapped, mayUseSlot: !shared) }
             if filledSlot {
-                let announce = worker._withUnsafeGuaranteedRef { $0.slot.announcesFill() }
-                if announce && wakeWouldStart { wakeOne(forSlotOf: worker.takeUnretainedValue()) }
+                guard worker._withUnsafeGuaranteedRef({ $0.slot.announcesFill() }) else { return }
+                // The fill's store before the loads of the wake-up check
+                // (see `NextUnitSlot.fill`).
+                memoryBarrier()
+                if wakeWouldStart { wakeOne(forSlotOf: worker.takeUnretainedValue()) }
                 return
             }
         } else {
