@@ -1,10 +1,10 @@
 /// A pool worker's next-unit slot (Go's `runnext`, Tokio's LIFO slot): one
 /// unit that its owner submitted while its ring was empty, run next by the
 /// owner without a wake-up, so that a chain of items stays on one warm
-/// worker; and that another worker may take once it has sat there for
-/// `PoolWorker.slotGrace` (Go's `runqgrab`, which steals `runnext` from a
-/// running P after a 3 µs back-off), so that it never waits for its owner's
-/// item to return while a worker is free.
+/// worker; and that another worker may take once it has sat there for a
+/// wake-up or `PoolWorker.slotGrace` (Go's `runqgrab`, which steals
+/// `runnext` from a running P after a 3 µs back-off), so that it does not
+/// wait for its owner's item to return while a worker is free.
 ///
 /// ## The word
 /// One 64-bit word, `sequence << 2 | state`, beside the unit's 32 bytes on
@@ -39,8 +39,8 @@
 /// worker when the monitor finds it sitting there a period later.
 ///
 /// ## Ordering
-/// The owner writes the unit before its sequentially consistent fill, which
-/// a thief's acquiring claim reads before it copies; a thief's copy happens
+/// The owner writes the unit before its releasing fill, which a thief's
+/// acquiring claim reads before it copies; a thief's copy happens
 /// before its releasing store of "empty", which the owner's acquiring load
 /// reads before it writes the next unit there.
 final class NextUnitSlot {

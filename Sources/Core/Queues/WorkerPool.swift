@@ -37,16 +37,17 @@ import CShims
 ///   owner has not taken it back. Slot fills back off their announcements
 ///   while those wake-ups find nothing (a chain of short items), and the
 ///   monitor wakes a worker for a unit that sits in a slot through one of
-///   its periods, so an unannounced fill waits at most 20 ms. A searcher that finds nothing parks, and on its way (its
-///   permit given back) looks at every ring and slot once more: a ring's
-///   unit it takes at once; a slot's unit it takes if the slot still holds
-///   the same unit after `PoolWorker.slotGrace` (3 µs, Go's back-off before
-///   it steals `runnext`). So a unit submitted while a worker is free
-///   starts within one wake-up, one spin (`spinBeforePark`) and the grace,
-///   whatever its submitter does next; the owner of a chain whose items
-///   return within the grace keeps the chain, and the cost is a wake-up of
-///   a parked worker when a chain step finds nobody searching (Go pays the
-///   same in `ready`'s `wakep`). A unit queued while every permit is held
+///   its periods, so an unannounced fill waits at most 20 ms. A searcher
+///   that finds nothing parks, and on its way (its permit given back)
+///   looks at every ring and slot once more: a ring's unit it takes at
+///   once; a slot's unit it takes if the slot still holds the same unit
+///   after `PoolWorker.slotGrace` (3 µs, Go's back-off before it steals
+///   `runnext`). So a unit submitted while a worker is free starts within
+///   about one wake-up, whatever its submitter does next; the owner of a
+///   chain whose items return within a wake-up keeps the chain, and the
+///   cost is a wake-up of a parked worker when a chain step finds nobody
+///   searching (Go pays the same in `ready`'s `wakep`), until the slot's
+///   back-off thins them out. A unit queued while every permit is held
 ///   waits for a worker to finish, or, when workers hold their permits
 ///   while blocked outside Spindle's waits (a plain `read()`), for the
 ///   pool's monitor (`PoolMonitor`, Go's `sysmon`) to lend their permits
