@@ -40,31 +40,7 @@ struct EventSourceTimerTests {
     @Test func aTimerBehindASuspendedQueueIsDisarmedAndCountsWhatItMissed() {
         let queue = WorkQueue(label: "timer.suspended-queue")
         queue.suspend()
-        let interval = Duration.microseconds(100)
-        let start = MonotonicClock.now
-        let timer = EventSource.timer(start: .monotonic(start), interval: interval, on: .queue(queue))
-        let calls = LockedValue<[FirstCall]>([])
-        let called = Semaphore(value: 0)
-        timer.setEventHandler { s in
-            let now = MonotonicClock.now
-            calls.withLock { $0.append((s.data, now)) }
-            called.signal()
-        }
-        timer.activate()
-        Self.pause(milliseconds: 300)
-        let firings = timer.timerFirings
-        let resumedAt = MonotonicClock.now
-        queue.resume()
-        #expect(called.wait(timeout: .seconds(10)), "no call after the queue resumed")
-        #expect(called.wait(timeout: .seconds(10)), "the timer was not re-armed after its call")
-        timer.cancel()
-        let first = calls.withLock { $0.first }
-        #expect(firings != nil && firings! <= 2, "fired \(String(describing: firings)) times while its call could not start")
-        if let first {
-            let atLeast = Self.dueTimes(from: start, every: interval, by: resumedAt)
-            let atMost = Self.dueTimes(from: start, every: interval, by: first.at)
-            #expect(first.data >= UInt64(atLeast) && first.data <= UInt64(atMost), "first call's data \(first.data), expected \(atLeast)...\(atMost)")
-        }
+        Self.checkDisarmedWhileHeld(on: .queue(queue), holding: "the queue", hold: { _ in }, release: { _ in queue.resume() })
     }
 
     /// The same behind a suspended source, on a queue and on a loop (the
@@ -73,9 +49,21 @@ struct EventSourceTimerTests {
     func aSuspendedTimerSourceIsDisarmedAndCountsWhatItMissed(_ kind: HandlerPlaceKind) throws {
         let place = try HandlerPlace(kind, label: "timer.suspended-source")
         defer { place.close() }
+        Self.checkDisarmedWhileHeld(
+            on: place.target, holding: "the source", hold: { $0.suspend() }, release: { $0.resume() })
+    }
+
+    /// A 100 µs timer on `target`, held back by `hold` (called before the
+    /// timer is activated) for 300 ms, then let go by `release`: it fired
+    /// at most twice meanwhile, its first call's data counts the periods
+    /// that passed, and it is re-armed after that call.
+    private static func checkDisarmedWhileHeld(
+        on target: EventSource.Target, holding what: String,
+        hold: (EventSource) -> Void, release: (EventSource) -> Void
+    ) {
         let interval = Duration.microseconds(100)
         let start = MonotonicClock.now
-        let timer = EventSource.timer(start: .monotonic(start), interval: interval, on: place.target)
+        let timer = EventSource.timer(start: .monotonic(start), interval: interval, on: target)
         let calls = LockedValue<[FirstCall]>([])
         let called = Semaphore(value: 0)
         timer.setEventHandler { s in
@@ -83,20 +71,20 @@ struct EventSourceTimerTests {
             calls.withLock { $0.append((s.data, now)) }
             called.signal()
         }
-        timer.suspend()
+        hold(timer)
         timer.activate()
-        Self.pause(milliseconds: 300)
+        pause(milliseconds: 300)
         let firings = timer.timerFirings
         let resumedAt = MonotonicClock.now
-        timer.resume()
-        #expect(called.wait(timeout: .seconds(10)), "no call after the source resumed")
+        release(timer)
+        #expect(called.wait(timeout: .seconds(10)), "no call after \(what) resumed")
         #expect(called.wait(timeout: .seconds(10)), "the timer was not re-armed after its call")
         timer.cancel()
         let first = calls.withLock { $0.first }
-        #expect(firings != nil && firings! <= 2, "fired \(String(describing: firings)) times while suspended")
+        #expect(firings != nil && firings! <= 2, "fired \(String(describing: firings)) times while \(what) was suspended")
         if let first {
-            let atLeast = Self.dueTimes(from: start, every: interval, by: resumedAt)
-            let atMost = Self.dueTimes(from: start, every: interval, by: first.at)
+            let atLeast = dueTimes(from: start, every: interval, by: resumedAt)
+            let atMost = dueTimes(from: start, every: interval, by: first.at)
             #expect(first.data >= UInt64(atLeast) && first.data <= UInt64(atMost), "first call's data \(first.data), expected \(atLeast)...\(atMost)")
         }
     }

@@ -310,13 +310,10 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         return nil
     }
 
-    /// Whether units are queued in this worker's ring or slot (stale at
-    /// once; sequentially consistent loads, for the pool's wake-up checks).
-    var hasQueuedWork: Bool { ring.count > 0 || slot.fullWord != nil }
-
-    /// Whether units are queued in this worker's ring, not counting its
-    /// slot (see `hasQueuedWork`).
-    var hasQueuedRingWork: Bool { ring.count > 0 }
+    /// Whether units are queued in this worker's ring, or with
+    /// `countingSlot` in its slot (stale at once; sequentially consistent
+    /// loads, for the pool's wake-up checks).
+    func hasQueuedWork(countingSlot: Bool) -> Bool { ring.count > 0 || (countingSlot && slot.fullWord != nil) }
 
     /// Pushes a unit submitted from this worker: into its slot if the ring
     /// is empty and `mayUseSlot`, else onto its ring. Either way the caller
@@ -447,8 +444,9 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         pool.lock.unlock()
         // The other half of the submitter's push-then-check: work pushed
         // before our decrement became visible is seen here.
-        if pool.hasQueuedRingWork() && reclaimPermit() { return true }
-        if stealStaleSlot() && reclaimPermit() { return true }
+        let others = pool.workerSnapshot()
+        if pool.hasQueuedWork(countingSlots: false, in: others) && reclaimPermit() { return true }
+        if stealStaleSlot(others) && reclaimPermit() { return true }
         let futex = Futex(parkWord)
         var deadline: MonotonicClock.Instant? = spare ? MonotonicClock.now.advanced(by: WorkerPool.idleExit) : nil
         while AtomicMemory.load(from: parkWord, ordering: .acquiring) == 1 {
@@ -545,11 +543,11 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     /// still the same one (its owner is still running the item that
     /// submitted it), into its own ring. A slot filled after this look is
     /// announced to a pool that counts this worker parked, so a look is
-    /// enough. Returns whether it took one.
-    private func stealStaleSlot() -> Bool {
-        let pool = self.pool
+    /// enough. `workers`: the pool's, as the parking worker just read them.
+    /// Returns whether it took one.
+    private func stealStaleSlot(_ workers: [PoolWorker]) -> Bool {
         var seen: [(PoolWorker, UInt64)] = []
-        for worker in pool.workerSnapshot() where worker !== self {
+        for worker in workers where worker !== self {
             if let word = worker.slot.fullWord { seen.append((worker, word)) }
         }
         if seen.isEmpty { return false }

@@ -311,18 +311,13 @@ final class WorkerPool: @unchecked Sendable {
         return idle.removeLast()
     }
 
-    /// Whether any ring or slot of the pool holds work (stale at once; for
-    /// wake-up decisions).
-    func hasQueuedWork() -> Bool {
+    /// Whether the injector or any of `workers`' rings holds work, and,
+    /// with `countingSlots`, their slots (stale at once; for wake-up
+    /// decisions). A parking worker counts the slots apart (see
+    /// `PoolWorker.stealStaleSlot`).
+    func hasQueuedWork(countingSlots: Bool = true, in workers: [PoolWorker]? = nil) -> Bool {
         if injectorHasWork { return true }
-        return workerSnapshot().contains { $0.hasQueuedWork }
-    }
-
-    /// As `hasQueuedWork`, not counting the workers' slots (a parking
-    /// worker looks at those apart, see `PoolWorker.stealStaleSlot`).
-    func hasQueuedRingWork() -> Bool {
-        if injectorHasWork { return true }
-        return workerSnapshot().contains { $0.hasQueuedRingWork }
+        return (workers ?? workerSnapshot()).contains { $0.hasQueuedWork(countingSlot: countingSlots) }
     }
 
     // MARK: Taking work
