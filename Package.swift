@@ -54,6 +54,13 @@ let package = Package(
             dependencies: [],
             path: "Tests/TSanCanary"
         ),
+        // Misuse only a program's main thread can commit, run by the unit
+        // tests as a child process (WorkQueueMisuseTests).
+        .executableTarget(
+            name: "MisuseProbe",
+            dependencies: ["Spindle"],
+            path: "Tests/MisuseProbe"
+        ),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -2,6 +2,10 @@ import Spindle
 import Testing
 import TestSupport
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// An actor whose jobs run on a serial work queue.
 actor QueueBoundCounter {
     let queue: WorkQueue
@@ -333,4 +337,74 @@ struct ExecutorTests {
         while !thread.isFinished && MonotonicClock.now < deadline { try await Task.sleep(for: .milliseconds(1)) }
         #expect(thread.isFinished)
     }
+
+    /// The cause of this suite's one logged failure (2026-11-26, CI): the
+    /// cancelled waits and the watcher then ran on the default executor,
+    /// whose threads (one per CPU) the synchronous tests running beside it
+    /// held, so an outcome could not be recorded within the limit of that
+    /// day (10 s), although the waits were right. Their tasks now run on
+    /// Spindle's pool (`onPool`). This proves the outcome no longer depends
+    /// on the default executor: with every one of its threads held (checked:
+    /// a task started after them does not run), cancelled group, item and
+    /// job waits on the pool still end in `CancellationError`. In a child
+    /// process, so that holding the default executor stalls no other test.
+    @Test func cancelledWaitsEndWhileTheDefaultExecutorIsHeld() async {
+        await #expect(processExitsWith: .success) {
+            holdTheDefaultExecutorAndCancelWaits()
+        }
+    }
+}
+
+/// The body of `cancelledWaitsEndWhileTheDefaultExecutorIsHeld`, in the
+/// child: exits 0 only if every cancelled wait ended in
+/// `CancellationError` while no default-executor thread was free; 2 if the
+/// default executor could not be held (the check would prove nothing), 3 if
+/// a wait did not end so.
+private func holdTheDefaultExecutorAndCancelWaits() {
+    let release = Latch()
+    // More holders than the default executor has threads: each one that
+    // gets a thread keeps it until `release` opens.
+    for _ in 0..<(4 * Topology.onlineCPUs.count + 4) {
+        Task.detached { _ = release.wait(seconds: 120) }
+    }
+    let probe = Latch()
+    Task.detached { probe.countDown() }
+    if probe.wait(seconds: 1) {
+        print("the default executor ran a task after its holders: it was not held")
+        exit(2)
+    }
+    let group = WorkGroup()
+    group.enter()
+    let gate = Latch()
+    let item = WorkItem { withBlockingRegion { _ = gate.wait(seconds: 120) } }
+    WorkQueue(label: "held.item").async(item)
+    let job = JobQueue(name: "held.jobs").add { withBlockingRegion { _ = gate.wait(seconds: 120) } }
+    let waits: [@Sendable () async throws -> Void] = [
+        { try await group.wait() },
+        { _ = try await group.wait(timeout: .seconds(60)) },
+        { try await item.wait() },
+        { try await job.waitUntilFinished() },
+    ]
+    let ended = Latch(waits.count)
+    let cancelled = LockedValue(0)
+    for wait in waits {
+        let task = Task(executorPreference: WorkQueue.global(), operation: wait)
+        task.cancel()
+        Task(executorPreference: WorkQueue.global()) {
+            if case .failure(let error) = await task.result, error is CancellationError {
+                cancelled.withLock { $0 += 1 }
+            }
+            ended.countDown()
+        }
+    }
+    let allEnded = ended.wait(seconds: 30)
+    let count = cancelled.withLock { $0 }
+    gate.countDown()
+    group.leave()
+    release.countDown()
+    if !allEnded || count != waits.count {
+        print("\(count) of \(waits.count) waits ended in CancellationError (all ended: \(allEnded))")
+        exit(3)
+    }
+    exit(0)
 }

@@ -86,7 +86,11 @@ struct ThreadLoopSequenceTests {
             let source = LoopSource { _ in log.append("source") }
             loop.add(source)
             let join = startThread {
-                usleep(20_000)
+                // Once the loop is about to sleep (however late it got
+                // there under load): a signal between that note and the
+                // kernel wait ends the wait at once, the same sequence.
+                while !log.all.contains("beforeWaiting") { usleep(1_000) }
+                usleep(5_000)
                 source.signal()
             }
             #expect(loop.run(mode: .default, timeout: .seconds(30), returnAfterSourceHandled: true) == .handledSource)

@@ -1,6 +1,7 @@
 import Spindle
 import Testing
 import TestSupport
+import Foundation
 
 #if canImport(Glibc)
 import Glibc
@@ -75,23 +76,42 @@ struct WorkQueueMisuseTests {
             "WorkQueue.apply(iterations:) onto 'misuse.applyLeaf' through its target chain ('misuse.applyRoot') from an item running on 'misuse.applyRoot'"))
     }
 
-    /// Needs the main thread in the child process. Swift Testing's child
-    /// parks its main thread in `dispatch_main()` (it has exited from
-    /// libdispatch's point of view), and runs the exit test's body and the
-    /// main actor on a dispatch worker; so when the main actor is not on the
-    /// main thread the child exits 77 and the test is cancelled (skipped)
-    /// with that reason, rather than asserting something it cannot reach.
-    @Test func syncOntoTheMainQueueFromTheMainThread() async throws {
-        let r = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
-            let onMain = await MainActor.run { NativeThread.isMainThread }
-            if !onMain { exit(77) }
-            await MainActor.run { WorkQueue.main.sync {} }
+    /// Needs a program's own main thread, which an exit test's child does
+    /// not give its body (Swift Testing parks it in `dispatch_main()` and
+    /// runs the body on a dispatch worker): so the misuse runs in
+    /// `MisuseProbe`, a small executable built beside the tests, started as
+    /// a child process with nothing else on its main thread.
+    @Test func syncOntoTheMainQueueFromTheMainThread() throws {
+        let probe = try misuseProbe()
+        let child = Process()
+        child.executableURL = probe
+        child.arguments = ["sync-main-from-main"]
+        let errors = Pipe()
+        child.standardError = errors
+        child.standardOutput = FileHandle.nullDevice
+        try child.run()
+        let text = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        child.waitUntilExit()
+        #expect(child.terminationReason == .uncaughtSignal || child.terminationStatus != 0, "the probe returned: \(text)")
+        #expect(text.contains(
+            "WorkQueue.sync(_:) onto 'spindle.main' on the main thread: the main queue runs its items on this thread, which would wait for itself forever"),
+            "the probe's standard error: \(text)")
+    }
+
+    /// The `MisuseProbe` executable of this build: `swift build
+    /// --build-tests` and `swift test` build it into the directory of the
+    /// test runner.
+    private func misuseProbe() throws -> URL {
+        let runner = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
+        var directory = runner.deletingLastPathComponent()
+        // The runner may be inside a bundle directory (`….xctest/…`).
+        for _ in 0..<3 {
+            let candidate = directory.appendingPathComponent("MisuseProbe")
+            if FileManager.default.isExecutableFile(atPath: candidate.path) { return candidate }
+            directory = directory.deletingLastPathComponent()
         }
-        if case .exitCode(77)? = r?.exitStatus {
-            try Test.cancel("the exit test's child runs no code on its main thread (the main actor runs on a dispatch worker there), so sync onto WorkQueue.main from the main thread cannot be reached")
-        }
-        #expect(stderr(r).contains(
-            "WorkQueue.sync(_:) onto 'spindle.main' on the main thread: the main queue runs its items on this thread, which would wait for itself forever"))
+        Issue.record("MisuseProbe is not built beside the test runner \(runner.path); build it with `swift build --build-tests`")
+        throw CancellationError()
     }
 
     @Test func resumeMoreOftenThanSuspend() async {

@@ -1,0 +1,24 @@
+// Misuse that only a program's own main thread can commit, for the unit
+// tests to run as a child process: an exit test's child runs its body on a
+// dispatch worker (its main thread is parked in dispatch_main()), so it
+// cannot reach these.
+//
+//   MisuseProbe sync-main-from-main   WorkQueue.main.sync on the main thread
+import Spindle
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+let arguments = CommandLine.arguments.dropFirst()
+switch arguments.first {
+case "sync-main-from-main":
+    precondition(NativeThread.isMainThread, "MisuseProbe: not on the main thread")
+    WorkQueue.main.sync {}
+    print("MisuseProbe: WorkQueue.main.sync returned on the main thread")
+    exit(0)
+default:
+    let usage = "usage: MisuseProbe sync-main-from-main\n"
+    _ = write(2, usage, usage.utf8.count)
+    exit(64)
+}
