@@ -145,6 +145,38 @@ struct EventSourceTests {
         }
     }
 
+    /// The wall-clock path a setting of the clock takes, checked without
+    /// setting it (only the opt-in `EventSourceClockChangeTests` step the
+    /// clock): once a wall-clock timer is active, the process watches a
+    /// `CLOCK_REALTIME` timerfd armed with `TFD_TIMER_ABSTIME |
+    /// TFD_TIMER_CANCEL_ON_SET` (the kernel's "settime flags: 03" in its
+    /// fdinfo), which is what turns a clock step into a wake-up.
+    @Test func aWallClockTimerWatchesForSettingsOfTheClock() throws {
+        let queue = WorkQueue(label: "es.wallWatch")
+        let timer = EventSource.timer(start: .wall(WallClock.now + .seconds(3600)), interval: .seconds(3600), on: .queue(queue))
+        timer.setEventHandler { _ in }
+        timer.activate()
+        defer { timer.cancel() }
+        func watchesTheClock() -> Bool {
+            guard let dir = opendir("/proc/self/fdinfo") else { return false }
+            defer { closedir(dir) }
+            while let entry = readdir(dir) {
+                let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+                guard let fd = Int32(name), fd > 2 else { continue }
+                let info = procFileText("/proc/self/fdinfo/\(fd)") ?? ""
+                if info.contains("clockid: 0\n") && info.contains("settime flags: 03\n") { return true }
+            }
+            return false
+        }
+        let deadline = MonotonicClock.now.advanced(by: .seconds(10))
+        var found = watchesTheClock()
+        while !found && MonotonicClock.now < deadline {
+            usleep(1_000)
+            found = watchesTheClock()
+        }
+        #expect(found, "no CLOCK_REALTIME timerfd armed with TFD_TIMER_CANCEL_ON_SET while a wall-clock timer is active")
+    }
+
     @Test func readSourceReportsBytesThenEndOfFileOnce() throws {
         var fds: [Int32] = [0, 0]
         #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &fds) == 0)
