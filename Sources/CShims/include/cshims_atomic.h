@@ -139,7 +139,7 @@ CSHIMS_INLINE void cshims_barrier_store(void) { __asm__ __volatile__("dmb ishst"
 // on it hammers the cache line; isb flushes the pipeline and stalls for tens
 // of cycles, which is the back-off a spin wait wants (the reasoning behind
 // Rust's core::hint::spin_loop, HotSpot's OnSpinWait on AArch64 and MySQL's
-// ut_delay). See README "AArch64 spin hint" for the measurement caveat.
+// ut_delay). See spinLoopHint()'s documentation for the measurement caveat.
 CSHIMS_INLINE void cshims_spin_hint(void) { __asm__ __volatile__("isb" ::: "memory"); }
 #endif
 

@@ -77,8 +77,19 @@ public func compilerBarrier() {
 }
 
 /// Tells the CPU the caller is in a spin-wait loop: x86_64 `pause`, AArch64
-/// `isb` (see `cshims_atomic.h` for why not `yield`). Delays the caller for a
-/// few tens of cycles; never blocks or yields the CPU to another thread.
+/// `isb`. Delays the caller for a few tens of cycles; never blocks or yields
+/// the CPU to another thread.
+///
+/// Why `isb` and not `yield` on AArch64: on the Neoverse and Cortex-A7x
+/// cores that run Linux servers, `yield` retires as a one-cycle no-op, so a
+/// spin loop built on it keeps hammering the contended cache line, while
+/// `isb` drains the pipeline and stalls for tens of cycles, the back-off a
+/// spin wants (the choice Rust's `spin_loop`, HotSpot's `onSpinWait` and
+/// MySQL make on AArch64). That rests on those projects' measurements, not
+/// Spindle's: it has not been timed on AArch64 hardware (timings under qemu
+/// mean nothing). `scripts/cross-aarch64` checks that the AArch64 build
+/// emits `dmb ish`, `dmb ishld`, `dmb ishst` and `isb`, and that its
+/// results match x86_64's.
 @inlinable
 public func spinLoopHint() {
     cshims_spin_hint()

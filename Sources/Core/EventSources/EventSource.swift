@@ -51,8 +51,8 @@ import Synchronization
 /// **Where handlers run.** `.queue(q)`: as work items on `q`. Descriptors
 /// and timers are watched by an idle worker of Spindle's pool, which runs
 /// the call itself when the event comes (one wake-up per event; see
-/// "Event sources" in the README for what that costs while every worker is
-/// busy); process exits go through Spindle's reactor thread
+/// <doc:EventSources> for what happens while every worker is busy);
+/// process exits go through Spindle's reactor thread
 /// ("spindle.events", started on first use), which submits handler calls.
 /// `.loop(l, modes:)`: on `l`'s thread during passes in one of `modes`; the
 /// loop's own event backend watches the kernel object, so no other thread is
