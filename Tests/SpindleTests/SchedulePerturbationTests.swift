@@ -1,3 +1,4 @@
+import CShims
 @testable import Spindle
 import Testing
 import TestSupport
@@ -30,7 +31,7 @@ private let perturbedFromOutside = getenv("SPINDLE_PERTURB") != nil
     /// line that replays it is printed once.
     @Test func aSeedInTheEnvironmentTurnsItOnAndIsPrinted() async {
         let r = await #expect(processExitsWith: .success, observing: [\.standardErrorContent]) {
-            rerunWithEnvironment("SPINDLE_PERTURB", "1234")
+            setPerturbSeedBeforeFirstPoint("1234")
             let lock = Spindle.Lock()
             for _ in 0..<100 {
                 lock.lock()
@@ -47,37 +48,41 @@ private let perturbedFromOutside = getenv("SPINDLE_PERTURB") != nil
     /// environment's seed, when set, wins over the code's.
     @Test func enableTurnsItOnAndTheEnvironmentWins() async {
         let r = await #expect(processExitsWith: .success, observing: [\.standardErrorContent]) {
-            guard getenv("SPINDLE_PERTURB") == nil else { exit(3) }
+            unsetenv("SPINDLE_PERTURB")  // this case sets its own seed
             SchedulePerturbation.enable(seed: 77)
             SchedulePerturbation.enable(seed: 77)  // the seed in force: nothing
             exit(SchedulePerturbation.seed == 77 ? 0 : 1)
         }
-        #expect(text(r?.standardErrorContent).contains("Spindle: schedule perturbation on, SPINDLE_PERTURB=77\n"))
+        let printed = text(r?.standardErrorContent)
+        #expect(printed.contains("Spindle: schedule perturbation on, SPINDLE_PERTURB=77\n"))
 
         let r2 = await #expect(processExitsWith: .success, observing: [\.standardErrorContent]) {
-            rerunWithEnvironment("SPINDLE_PERTURB", "5")
+            setPerturbSeedBeforeFirstPoint("5")
             SchedulePerturbation.enable(seed: 77)
             exit(SchedulePerturbation.seed == 5 ? 0 : 1)
         }
-        #expect(text(r2?.standardErrorContent).contains("SPINDLE_PERTURB=5\n"))
-        #expect(!text(r2?.standardErrorContent).contains("SPINDLE_PERTURB=77"))
+        let printed2 = text(r2?.standardErrorContent)
+        #expect(printed2.contains("SPINDLE_PERTURB=5\n"))
+        #expect(!printed2.contains("SPINDLE_PERTURB=77"))
     }
 
     @Test func aSecondSeedStopsWithAMessage() async {
         let r = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
-            guard getenv("SPINDLE_PERTURB") == nil else { exit(3) }
+            unsetenv("SPINDLE_PERTURB")  // this case sets its own seed
             SchedulePerturbation.enable(seed: 1)
             SchedulePerturbation.enable(seed: 2)
         }
-        #expect(text(r?.standardErrorContent).contains("already on with seed 1"))
+        let printed = text(r?.standardErrorContent)
+        #expect(printed.contains("already on with seed 1"))
     }
 
     @Test func anUnparsableSeedStopsWithAMessage() async {
         let r = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
-            rerunWithEnvironment("SPINDLE_PERTURB", "12ab")
+            setPerturbSeedBeforeFirstPoint("12ab")
             Spindle.Lock().lock()
         }
-        #expect(text(r?.standardErrorContent).contains("SPINDLE_PERTURB is '12ab'"))
+        let printed = text(r?.standardErrorContent)
+        #expect(printed.contains("SPINDLE_PERTURB is '12ab'"))
     }
 
     /// The same seed gives each thread (numbered in the order of its first
@@ -102,26 +107,26 @@ private let perturbedFromOutside = getenv("SPINDLE_PERTURB") != nil
     /// time in order, and a barrier still runs alone, with the mode on.
     @Test func guaranteesHoldWhilePerturbed() async {
         let r = await #expect(processExitsWith: .success, observing: [\.standardErrorContent]) {
-            if getenv("SPINDLE_PERTURB") == nil { SchedulePerturbation.enable(seed: 7) }
-            exit(checkGuaranteesUnderPerturbation())
+            SchedulePerturbation.enable(seed: 7)  // or the environment's seed, if set
+            // Always 0: the parent reads the verdicts (a failed exit
+            // expectation would hide the output that names the failure).
+            _ = checkGuaranteesUnderPerturbation()
+            exit(0)
         }
-        #expect(text(r?.standardErrorContent).contains("schedule perturbation on"))
-        let failures = text(r?.standardErrorContent).split(separator: "\n").filter { $0.hasPrefix("FAILED") }
+        let printed = text(r?.standardErrorContent)
+        #expect(printed.contains("schedule perturbation on"))
+        let failures = printed.split(separator: "\n").filter { $0.hasPrefix("FAILED") }
         #expect(failures.isEmpty, "\(failures)")
     }
 }
 
-/// In an exit test's child: if `name` is not yet in the environment, runs
-/// this same test process again with `name=value` added, in place of this
-/// one (`execv` keeps the process id, so the parent waits for it as
-/// before, and the exit test's own environment variables select the same
-/// test). Returns only in the process that has it.
-private func rerunWithEnvironment(_ name: String, _ value: String) {
-    if let current = getenv(name), String(cString: current) == value { return }
-    setenv(name, value, 1)
-    execv("/proc/self/exe", CommandLine.unsafeArgv)
-    writeToStandardError("execv failed: \(errno)\n")
-    exit(4)
+/// In an exit test's child, before any Spindle synchronization point has
+/// run: puts `SPINDLE_PERTURB=value` in the environment, which the first
+/// point then reads (as it would a variable set when the process started).
+/// Exits with 5 if something already read the environment.
+private func setPerturbSeedBeforeFirstPoint(_ value: String) {
+    guard cshims_perturb_mode() == 1 else { exit(5) }  // 1: not yet read
+    setenv("SPINDLE_PERTURB", value, 1)
 }
 
 /// Four threads, started one after another, each draw 256 decisions and
@@ -133,14 +138,14 @@ private func decisionLog(seed: UInt64) async -> String? {
     switch seed {
     case 42:
         r = await #expect(processExitsWith: .success, observing: [\.standardOutputContent]) {
-            guard getenv("SPINDLE_PERTURB") == nil else { exit(3) }
+            unsetenv("SPINDLE_PERTURB")  // this case sets its own seed
             SchedulePerturbation.enable(seed: 42)
             printDecisions()
             exit(0)
         }
     default:
         r = await #expect(processExitsWith: .success, observing: [\.standardOutputContent]) {
-            guard getenv("SPINDLE_PERTURB") == nil else { exit(3) }
+            unsetenv("SPINDLE_PERTURB")  // this case sets its own seed
             SchedulePerturbation.enable(seed: 43)
             printDecisions()
             exit(0)
@@ -171,39 +176,38 @@ private func checkGuaranteesUnderPerturbation() -> Int32 {
         broken += 1
     }
 
-    // Lock mutual exclusion: a plain counter and an "inside" count.
+    // Mutual exclusion: a plain counter under a `Lock`, and a count of
+    // holders inside each lock (a second holder of the same lock at once
+    // is an overlap).
     final class Guarded: @unchecked Sendable {
-        // @unchecked: `count` is guarded by `lock`; `inside` is atomic.
+        // @unchecked: `count` is guarded by `lock`; `inside` and `overlaps`
+        // are atomic words.
         let lock = Spindle.Lock()
         let rw = ReadWriteLock()
         var count = 0
-        let inside = UnsafeMutablePointer<Int>.allocate(capacity: 1)
+        let inside = UnsafeMutablePointer<Int>.allocate(capacity: 2)  // [lock, rw]
         let overlaps = UnsafeMutablePointer<Int>.allocate(capacity: 1)
         init() {
-            inside.initialize(to: 0)
+            inside.initialize(repeating: 0, count: 2)
             overlaps.initialize(to: 0)
         }
     }
     let guarded = Guarded()
-    runThreads(4) { i in
+    runThreads(4) { _ in
         for n in 0..<1_500 {
             let useReadWrite = n % 3 == 0
+            let inside = guarded.inside + (useReadWrite ? 1 : 0)
             if useReadWrite { guarded.rw.writeLock() } else { guarded.lock.lock() }
-            if AtomicMemory.increment(guarded.inside, ordering: .relaxed) != 1 {
+            if AtomicMemory.increment(inside, ordering: .relaxed) != 1 {
                 AtomicMemory.increment(guarded.overlaps, ordering: .relaxed)
             }
-            if useReadWrite {
-                AtomicMemory.decrement(guarded.inside, ordering: .relaxed)
-                guarded.rw.writeUnlock()
-            } else {
-                guarded.count += 1
-                AtomicMemory.decrement(guarded.inside, ordering: .relaxed)
-                guarded.lock.unlock()
-            }
+            if !useReadWrite { guarded.count += 1 }
+            AtomicMemory.decrement(inside, ordering: .relaxed)
+            if useReadWrite { guarded.rw.writeUnlock() } else { guarded.lock.unlock() }
         }
     }
     if guarded.count != 4 * 1_000 { fail("Lock lost updates: \(guarded.count) of 4000") }
-    if guarded.overlaps.pointee != 0 { fail("Lock or ReadWriteLock: \(guarded.overlaps.pointee) overlapping holds") }
+    if guarded.overlaps.pointee != 0 { fail("Lock or ReadWriteLock held twice at once: \(guarded.overlaps.pointee) times") }
 
     // Serial queue: FIFO from one submitter, one item at a time; items
     // submitted from several threads keep each thread's order.
@@ -232,7 +236,7 @@ private func checkGuaranteesUnderPerturbation() -> Int32 {
             }
         }
     }
-    if group.wait(timeout: .seconds(60)) != .success { fail("serial queue: items did not finish") }
+    if group.wait(timeout: .seconds(60)) != .completed { fail("serial queue: items did not finish") }
     serial.sync {}
     for t in 0..<2 {
         let mine = trace.order.filter { $0 / 1_000_000 == t }.map { $0 % 1_000_000 }
@@ -244,42 +248,45 @@ private func checkGuaranteesUnderPerturbation() -> Int32 {
     // them and before everything after.
     final class Phases: @unchecked Sendable {
         // @unchecked: every field is an atomic word.
-        let words = UnsafeMutablePointer<Int>.allocate(capacity: 4)  // running, barrierActive, done, violations
+        let words = UnsafeMutablePointer<Int>.allocate(capacity: 4)
         init() { words.initialize(repeating: 0, count: 4) }
+        var running: UnsafeMutablePointer<Int> { words }
+        var barrierActive: UnsafeMutablePointer<Int> { words + 1 }
+        var done: UnsafeMutablePointer<Int> { words + 2 }
+        var violations: UnsafeMutablePointer<Int> { words + 3 }
     }
     let concurrent = WorkQueue(label: "perturbed.concurrent", kind: .concurrent)
     let phases = Phases()
-    let running = phases.words, barrierActive = phases.words + 1, done = phases.words + 2, violations = phases.words + 3
     let barrierGroup = WorkGroup()
     let itemsPerPhase = 40, barriers = 25
     for b in 0..<barriers {
         for _ in 0..<itemsPerPhase {
             concurrent.async(group: barrierGroup) {
-                if AtomicMemory.load(from: barrierActive, ordering: .sequentiallyConsistent) != 0 {
-                    AtomicMemory.increment(violations, ordering: .relaxed)
+                if AtomicMemory.load(from: phases.barrierActive, ordering: .sequentiallyConsistent) != 0 {
+                    AtomicMemory.increment(phases.violations, ordering: .relaxed)
                 }
-                AtomicMemory.increment(running, ordering: .sequentiallyConsistent)
-                if AtomicMemory.load(from: barrierActive, ordering: .sequentiallyConsistent) != 0 {
-                    AtomicMemory.increment(violations, ordering: .relaxed)
+                AtomicMemory.increment(phases.running, ordering: .sequentiallyConsistent)
+                if AtomicMemory.load(from: phases.barrierActive, ordering: .sequentiallyConsistent) != 0 {
+                    AtomicMemory.increment(phases.violations, ordering: .relaxed)
                 }
-                AtomicMemory.decrement(running, ordering: .sequentiallyConsistent)
-                AtomicMemory.increment(done, ordering: .sequentiallyConsistent)
+                AtomicMemory.decrement(phases.running, ordering: .sequentiallyConsistent)
+                AtomicMemory.increment(phases.done, ordering: .sequentiallyConsistent)
             }
         }
         concurrent.asyncBarrier(group: barrierGroup) {
-            AtomicMemory.store(1, to: barrierActive, ordering: .sequentiallyConsistent)
-            if AtomicMemory.load(from: running, ordering: .sequentiallyConsistent) != 0 {
-                AtomicMemory.increment(violations, ordering: .relaxed)
+            AtomicMemory.store(1, to: phases.barrierActive, ordering: .sequentiallyConsistent)
+            if AtomicMemory.load(from: phases.running, ordering: .sequentiallyConsistent) != 0 {
+                AtomicMemory.increment(phases.violations, ordering: .relaxed)
             }
             // Everything submitted before the barrier has finished.
-            if AtomicMemory.load(from: done, ordering: .sequentiallyConsistent) != (b + 1) * itemsPerPhase {
-                AtomicMemory.increment(violations, ordering: .relaxed)
+            if AtomicMemory.load(from: phases.done, ordering: .sequentiallyConsistent) != (b + 1) * itemsPerPhase {
+                AtomicMemory.increment(phases.violations, ordering: .relaxed)
             }
-            AtomicMemory.store(0, to: barrierActive, ordering: .sequentiallyConsistent)
+            AtomicMemory.store(0, to: phases.barrierActive, ordering: .sequentiallyConsistent)
         }
     }
-    if barrierGroup.wait(timeout: .seconds(60)) != .success { fail("barriers: items did not finish") }
-    if violations.pointee != 0 { fail("barriers: \(violations.pointee) violations") }
+    if barrierGroup.wait(timeout: .seconds(60)) != .completed { fail("barriers: items did not finish") }
+    if phases.violations.pointee != 0 { fail("barriers: \(phases.violations.pointee) violations") }
     return broken
 }
 

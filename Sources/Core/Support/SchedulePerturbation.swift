@@ -122,6 +122,9 @@ enum Perturbation {
         case semaphoreWait, semaphoreSignal
         case queueSubmit, workerPick
         case loopWake
+
+        /// Points where the thread is about to wait (see `nextAction`).
+        var isWaitEntry: Bool { self == .conditionWait || self == .semaphoreWait }
     }
 
     /// What a point does.
@@ -278,6 +281,11 @@ enum Perturbation {
         // sleeps briefly 6, long 2; a slow one proceeds 64, yields 64,
         // spins 64, sleeps briefly 48, long 16.
         let (proceed, yield, spin, brief) = slow ? (64, 128, 192, 240) : (128, 208, 248, 254)
+        // A thread about to wait never just proceeds: the interval between
+        // testing a predicate and being counted as a waiter is where
+        // wake-ups are lost, and the thread is about to give up its CPU
+        // anyway. What would have been "proceed" spins instead.
+        if b < UInt64(proceed) && site.isWaitEntry { return .spin(nanoseconds: 1_000 + rest % 15_000) }
         switch b {
         case ..<UInt64(proceed): return .proceed
         case ..<UInt64(yield): return .yield
