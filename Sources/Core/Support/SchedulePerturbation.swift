@@ -45,8 +45,8 @@ import Musl
 /// Cost when off: one relaxed load of a global word and a branch not taken
 /// at each point; the work is out of line. On: a thread-local generator
 /// step per point, plus the delays it chooses (most points do nothing or
-/// yield; one in thirty-two sleeps, up to 2 ms), so a test runs
-/// several times slower.
+/// yield; one in thirty-two sleeps, up to 2 ms), so a test that
+/// synchronizes often runs several times slower.
 public enum SchedulePerturbation {
     /// Switches the mode on for the whole process with `seed`, and prints
     /// the seed to standard error. Call it before starting the threads
