@@ -2,7 +2,7 @@
 // with schedule perturbation off and then on, counting the runs in which
 // the bug shows. Not part of the test run (it measures; it asserts
 // nothing): `swift run -c release PerturbationHarness [runs] [seed]`.
-// The figures go in Spindle.docc/SchedulePerturbation.md.
+// The figures go in Spindle.docc/PerturbingSchedules.md.
 //
 // Each run is short (two threads or two items, about a millisecond
 // when nothing is lost), and every run of one bug does the same work,

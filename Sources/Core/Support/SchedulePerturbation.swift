@@ -38,6 +38,9 @@ import Musl
 /// which the kernel's own scheduling can still change. It is a way to make
 /// rare interleavings common, not a deterministic scheduler.
 ///
+/// <doc:PerturbingSchedules> lists every point, what each perturbs, and
+/// how often it found planted bugs.
+///
 /// Never breaks a guarantee: locks still exclude, a serial queue still runs
 /// its items one at a time in order, a barrier still runs alone; only the
 /// timing and the choices the pool was already free to make change.
