@@ -48,6 +48,13 @@ let package = Package(
             dependencies: ["Spindle", "TestSupport"],
             path: "Tests/StressTests"
         ),
+        // Planted bugs run with and without schedule perturbation; measures,
+        // asserts nothing, and is not part of the test run.
+        .executableTarget(
+            name: "PerturbationHarness",
+            dependencies: ["Spindle", "TestSupport"],
+            path: "Tests/PerturbationHarness"
+        ),
         // A deliberate data race: scripts/test fails unless ThreadSanitizer reports it.
         .executableTarget(
             name: "TSanCanary",

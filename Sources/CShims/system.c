@@ -176,6 +176,10 @@ __thread char cshims_thread_token_byte;
 __thread void *cshims_queue_frame_record = NULL;
 __thread void *cshims_blocking_observer_record = NULL;
 unsigned cshims_fork_epoch_value = 0;
+unsigned cshims_perturb_mode_value = 1;
+uint64_t cshims_perturb_seed_value = 0;
+unsigned cshims_perturb_threads_value = 0;
+__thread uint64_t cshims_perturb_thread_words[2];
 _Alignas(64) unsigned char cshims_sync_buckets[CSHIMS_SYNC_BUCKETS * 64];
 
 // The kernel's per-thread CPU clock id: bits 0-1 the clock (2 = scheduler

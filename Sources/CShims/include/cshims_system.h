@@ -113,6 +113,29 @@ CSHIMS_INLINE unsigned cshims_advance_fork_epoch(void) {
     return next;
 }
 
+// Schedule perturbation (Spindle's `SchedulePerturbation`, SPINDLE_PERTURB).
+// The mode every synchronization point loads, relaxed, and branches on:
+// 0 off, 1 not yet read from the environment (the first point reads it),
+// 2 on. The seed is written before the mode turns 2 (releasing store,
+// acquiring load in the slow path). Threads that draw decisions are
+// numbered in the order of their first draw; each keeps its generator in
+// two thread-local words (state, index + 1; 0 = not yet numbered).
+extern unsigned cshims_perturb_mode_value;
+extern uint64_t cshims_perturb_seed_value;
+extern unsigned cshims_perturb_threads_value;
+extern __thread uint64_t cshims_perturb_thread_words[2];
+CSHIMS_INLINE unsigned cshims_perturb_mode(void) { return __atomic_load_n(&cshims_perturb_mode_value, __ATOMIC_RELAXED); }
+CSHIMS_INLINE unsigned cshims_perturb_mode_acquiring(void) { return __atomic_load_n(&cshims_perturb_mode_value, __ATOMIC_ACQUIRE); }
+CSHIMS_INLINE int cshims_perturb_change_mode(unsigned expected, unsigned desired) {
+    return __atomic_compare_exchange_n(&cshims_perturb_mode_value, &expected, desired, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+CSHIMS_INLINE uint64_t cshims_perturb_seed(void) { return __atomic_load_n(&cshims_perturb_seed_value, __ATOMIC_RELAXED); }
+CSHIMS_INLINE void cshims_perturb_set_seed(uint64_t seed) { __atomic_store_n(&cshims_perturb_seed_value, seed, __ATOMIC_RELAXED); }
+CSHIMS_INLINE unsigned cshims_perturb_claim_thread_index(void) {
+    return __atomic_fetch_add(&cshims_perturb_threads_value, 1, __ATOMIC_RELAXED);
+}
+CSHIMS_INLINE uint64_t *cshims_perturb_thread_state(void) { return cshims_perturb_thread_words; }
+
 // The calling thread's blocking observer: set on worker-pool threads, told
 // when a blocking wait (condition, semaphore, join, ...) begins and ends, so
 // the pool can start a replacement worker. NULL elsewhere.

@@ -178,7 +178,10 @@ public struct Condition: Locking, @unchecked Sendable {
     /// that anyway; if the lock is not held, at once. Orders no memory by
     /// itself (the lock does).
     @inlinable
-    public func signal() { queue.signalDeferring(to: mutex) }
+    public func signal() {
+        Perturbation.point(.conditionSignal)
+        queue.signalDeferring(to: mutex)
+    }
 
     /// Wakes every thread waiting on the condition. Never blocks. Sleeping
     /// waiters are moved onto the lock's word, so they come back one at a
@@ -186,7 +189,10 @@ public struct Condition: Locking, @unchecked Sendable {
     /// by itself (the lock does). Call it holding the lock, after changing
     /// the predicate.
     @inlinable
-    public func broadcast() { queue.broadcast(requeueingOnto: mutex) }
+    public func broadcast() {
+        Perturbation.point(.conditionSignal)
+        queue.broadcast(requeueingOnto: mutex)
+    }
 }
 
 extension Condition: Equatable {

@@ -255,6 +255,7 @@ public struct ConditionLock: Locking, @unchecked Sendable {
     /// false at once).
     @inlinable
     func acquire(anyCondition: Bool, wanted: Int, before deadline: MonotonicClock.Instant) -> Bool {
+        Perturbation.point(.lockAcquire)
         if takeIfFree(anyCondition: anyCondition, wanted: wanted) { return true }
         if !deadline.isDistantFuture && MonotonicClock.now >= deadline { return false }
         let guardLock = self.guardLock

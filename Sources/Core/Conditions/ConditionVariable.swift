@@ -146,6 +146,7 @@ public struct ConditionVariable: @unchecked Sendable {
     /// memory by itself (the lock does).
     @inlinable
     public func signal() {
+        Perturbation.point(.conditionSignal)
         guard queue.hasWaiters else { return }
         signalWaiting()
     }
@@ -162,6 +163,7 @@ public struct ConditionVariable: @unchecked Sendable {
     /// lock, after changing the predicate.
     @inlinable
     public func broadcast() {
+        Perturbation.point(.conditionSignal)
         guard queue.hasWaiters else { return }
         broadcastWaiting()
     }

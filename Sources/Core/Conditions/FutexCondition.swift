@@ -226,6 +226,7 @@ struct FutexCondition {
     @usableFromInline
     @inline(never)
     func wait(releasing mutex: FutexMutex, flushingWakes: Bool, until deadline: MonotonicClock.Instant) -> Bool {
+        Perturbation.point(.conditionWait)
         // Both while holding the lock, read first and counted second (see
         // `prepareSignal`). Relaxed read: a signaller that holds the lock after
         // us is ordered after it by the lock; one that does not is not waited for.

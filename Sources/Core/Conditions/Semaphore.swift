@@ -143,6 +143,7 @@ public struct Semaphore: @unchecked Sendable {
     @inlinable
     @available(*, noasync, message: "blocks the thread; in async code use `await wait()`")
     public func wait() {
+        Perturbation.point(.semaphoreWait)
         // Acquiring: pairs with the releasing add in `signal`.
         if AtomicMemory.decrement(count, ordering: .acquiring) >= 0 { return }
         _ = waitContended(until: .distantFuture)
@@ -154,6 +155,7 @@ public struct Semaphore: @unchecked Sendable {
     /// returns at once (true only if a resource was available).
     @inlinable
     public func wait(until deadline: MonotonicClock.Instant) -> Bool {
+        Perturbation.point(.semaphoreWait)
         if AtomicMemory.decrement(count, ordering: .acquiring) >= 0 { return true }
         return waitContended(until: deadline)
     }
@@ -168,6 +170,7 @@ public struct Semaphore: @unchecked Sendable {
     /// the waiters. Acquire ordering on success.
     @inlinable
     public func tryWait() -> Bool {
+        Perturbation.point(.semaphoreWait)
         var current = AtomicMemory.load(from: count, ordering: .relaxed)
         while current > 0 {
             let r = AtomicMemory.compareExchange(
@@ -249,6 +252,7 @@ public struct Semaphore: @unchecked Sendable {
     @inlinable
     @discardableResult
     public func signal() -> Bool {
+        Perturbation.point(.semaphoreSignal)
         // Releasing: pairs with the acquiring decrement in `wait`.
         let newCount = AtomicMemory.increment(count, ordering: .releasing)
         if newCount > 0 { return false }

@@ -81,6 +81,7 @@ struct FutexMutex {
 
     @inlinable
     func lock() {
+        Perturbation.point(.lockAcquire)
         // Pairs with the releasing compare-and-swap of `unlock` / `unlockContended`.
         if !AtomicMemory.compareAndSwap(expected: 0, desired: LockWord.locked, at: word, ordering: .acquiring) {
             _ = lockContended(until: .distantFuture)
@@ -92,6 +93,7 @@ struct FutexMutex {
 
     @inlinable
     func lock(before deadline: MonotonicClock.Instant) -> Bool {
+        Perturbation.point(.lockAcquire)
         if AtomicMemory.compareAndSwap(expected: 0, desired: LockWord.locked, at: word, ordering: .acquiring) {
             return true
         }
@@ -104,6 +106,7 @@ struct FutexMutex {
         if !AtomicMemory.compareAndSwap(expected: LockWord.locked, desired: 0, at: word, ordering: .releasing) {
             unlockContended()
         }
+        Perturbation.point(.lockRelease)
     }
 
     /// The core's wait, for at most the starvation bound; then the starving
@@ -385,6 +388,7 @@ struct FutexMutex {
     /// caller to make. The fast path is `unlock`'s: one compare-and-swap.
     @inlinable
     func unlockTakingDeferredWakes() -> UInt32 {
+        defer { Perturbation.point(.lockRelease) }
         if AtomicMemory.compareAndSwap(expected: LockWord.locked, desired: 0, at: word, ordering: .releasing) {
             return 0
         }

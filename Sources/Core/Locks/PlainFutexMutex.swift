@@ -34,6 +34,7 @@ struct PlainFutexMutex {
     /// Acquires, spinning briefly and then sleeping. Blocks. Acquire ordering.
     @inlinable
     func lock() {
+        Perturbation.point(.lockAcquire)
         // Pairs with the releasing compare-and-swap in `unlock` / `release`.
         if !AtomicMemory.compareAndSwap(expected: 0, desired: LockWord.locked, at: word, ordering: .acquiring) {
             _ = acquire(until: .distantFuture, hasSlept: false)
@@ -44,6 +45,7 @@ struct PlainFutexMutex {
     /// success.
     @inlinable
     func tryLock() -> Bool {
+        Perturbation.point(.lockAcquire)
         var state = AtomicMemory.load(from: word, ordering: .relaxed)
         while state & LockWord.locked == 0 {
             let r = AtomicMemory.compareExchange(
@@ -58,6 +60,7 @@ struct PlainFutexMutex {
     /// `tryLock`. Blocks. Acquire ordering on success.
     @inlinable
     func lock(before deadline: MonotonicClock.Instant) -> Bool {
+        Perturbation.point(.lockAcquire)
         if AtomicMemory.compareAndSwap(expected: 0, desired: LockWord.locked, at: word, ordering: .acquiring) {
             return true
         }
@@ -72,6 +75,7 @@ struct PlainFutexMutex {
         if !AtomicMemory.compareAndSwap(expected: LockWord.locked, desired: 0, at: word, ordering: .releasing) {
             unlockContended()
         }
+        Perturbation.point(.lockRelease)
     }
 
     @usableFromInline

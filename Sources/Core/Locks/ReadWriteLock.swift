@@ -71,6 +71,7 @@ public struct ReadWriteLock: Locking, @unchecked Sendable {
     /// Acquires the lock for reading; blocks while a writer holds it or waits.
     @inlinable
     public func readLock() {
+        Perturbation.point(.lockAcquire)
         let s = AtomicMemory.load(from: state, ordering: .relaxed)
         if !(Self.isReadLockable(s)
             && AtomicMemory.compareAndSwap(expected: s, desired: s + 1, at: state, ordering: .acquiring))
@@ -82,6 +83,7 @@ public struct ReadWriteLock: Locking, @unchecked Sendable {
     /// Acquires the lock for reading if possible without blocking.
     @inlinable
     public func tryReadLock() -> Bool {
+        Perturbation.point(.lockAcquire)
         var s = AtomicMemory.load(from: state, ordering: .relaxed)
         while Self.isReadLockable(s) {
             let r = AtomicMemory.compareExchange(expected: s, desired: s + 1, at: state, ordering: .acquiring)
@@ -115,6 +117,7 @@ public struct ReadWriteLock: Locking, @unchecked Sendable {
         if s & Self.mask == 0 && s & Self.writersWaiting != 0 {
             wakeWriterOrReaders(s)
         }
+        Perturbation.point(.lockRelease)
     }
 
     /// Runs `body` holding the read lock, releasing it on every path.
@@ -130,6 +133,7 @@ public struct ReadWriteLock: Locking, @unchecked Sendable {
     /// Acquires the lock for writing; blocks while anyone holds it.
     @inlinable
     public func writeLock() {
+        Perturbation.point(.lockAcquire)
         if !AtomicMemory.compareAndSwap(expected: 0, desired: Self.writeLocked, at: state, ordering: .acquiring) {
             _ = writeLockContended(deadline: .distantFuture)
         }
@@ -138,6 +142,7 @@ public struct ReadWriteLock: Locking, @unchecked Sendable {
     /// Acquires the lock for writing if nobody holds it. Never blocks.
     @inlinable
     public func tryWriteLock() -> Bool {
+        Perturbation.point(.lockAcquire)
         var s = AtomicMemory.load(from: state, ordering: .relaxed)
         while s & Self.mask == 0 {
             let r = AtomicMemory.compareExchange(expected: s, desired: s | Self.writeLocked, at: state, ordering: .acquiring)
@@ -168,6 +173,7 @@ public struct ReadWriteLock: Locking, @unchecked Sendable {
             (s &+ Self.writeLocked) & Self.mask == Self.writeLocked,
             "ReadWriteLock.writeUnlock(): the lock is not write-locked")
         if s != 0 { wakeWriterOrReaders(s) }
+        Perturbation.point(.lockRelease)
     }
 
     /// Runs `body` holding the write lock, releasing it on every path.

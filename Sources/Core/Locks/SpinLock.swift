@@ -56,6 +56,7 @@ public struct SpinLock: Locking, @unchecked Sendable {
     /// it is held. Blocks. Acquire ordering.
     @inlinable
     public func lock() {
+        Perturbation.point(.lockAcquire)
         // Pairs with the releasing exchange in `unlock`.
         if !AtomicMemory.compareAndSwap(expected: 0, desired: Self.locked, at: word, ordering: .acquiring) {
             _ = lockContended(deadline: .distantFuture)
@@ -66,7 +67,8 @@ public struct SpinLock: Locking, @unchecked Sendable {
     /// Acquire ordering on success.
     @inlinable
     public func tryLock() -> Bool {
-        AtomicMemory.load(from: word, ordering: .relaxed) == 0
+        Perturbation.point(.lockAcquire)
+        return AtomicMemory.load(from: word, ordering: .relaxed) == 0
             && AtomicMemory.compareAndSwap(expected: 0, desired: Self.locked, at: word, ordering: .acquiring)
     }
 
@@ -75,7 +77,8 @@ public struct SpinLock: Locking, @unchecked Sendable {
     /// success. A deadline already past makes this `tryLock()`.
     @inlinable
     public func lock(before deadline: MonotonicClock.Instant) -> Bool {
-        AtomicMemory.compareAndSwap(expected: 0, desired: Self.locked, at: word, ordering: .acquiring)
+        Perturbation.point(.lockAcquire)
+        return AtomicMemory.compareAndSwap(expected: 0, desired: Self.locked, at: word, ordering: .acquiring)
             || lockContended(deadline: deadline)
     }
 
@@ -85,6 +88,7 @@ public struct SpinLock: Locking, @unchecked Sendable {
     /// the lock is not locked.
     @inlinable
     public func unlock() {
+        defer { Perturbation.point(.lockRelease) }
         // Pairs with the acquiring compare-and-swap or exchange of the next holder.
         let previous = AtomicMemory.exchange(0, at: word, ordering: .releasing)
         if previous == Self.locked { return }

@@ -150,6 +150,7 @@ enum SynchronizedTable {
     @inlinable
     @inline(__always)
     static func enter(_ identity: UInt) -> UnsafeMutableRawPointer {
+        Perturbation.point(.lockAcquire)
         let me = UInt(cshims_thread_token())
         // Acquiring: pairs with the releasing store that published the entry.
         var address = word(at: bucket(of: identity) + 8, acquiring: true)
@@ -248,6 +249,7 @@ enum SynchronizedTable {
         if depth == 0 {
             setWord(0, at: entry + ownerOffset)
             unlockEntry(entry)
+            Perturbation.point(.lockRelease)
         }
     }
 }

@@ -215,6 +215,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
                 // Relaxed: hints for the monitor, on the worker's own line.
                 unitsStarted &+= 1
                 AtomicMemory.store(Progress.word(units: unitsStarted, .running), to: progressWord, ordering: .relaxed)
+                Perturbation.point(.workerPick)
                 QueueFrame.with(unretained: laneQueues[lane]) { unit.run() }
                 AtomicMemory.store(Progress.word(units: unitsStarted, .idle), to: progressWord, ordering: .relaxed)
                 // Over width: a worker came back from a blocking wait while
@@ -249,6 +250,12 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     private func findWork() -> (WorkUnit, lane: Int)? {
         let defaultLane = WorkerPool.defaultLane
         tick &+= 1
+        // Under schedule perturbation, now and then the slot's unit goes to
+        // the front of the ring, where a thief may take it (as after
+        // `slotLimit` runs), and a steal comes before the own ring: orders
+        // the pool never promised (Go's scheduler under -race declines
+        // `runnext` at random the same way).
+        if slot.isFullForOwner && Perturbation.choose(.workerPick) { flushSlot() }
         if slot.isFullForOwner {
             // After `slotLimit` slot runs in a row the slot's unit moves to
             // the ring, if anything else waits (its own ring or the
@@ -268,6 +275,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
             if let unit = takeFromInjector(lane: defaultLane) { return (unit, defaultLane) }
         }
         if let unit = takeFromInjector(lane: WorkerPool.highLane) { return (unit, WorkerPool.highLane) }
+        if Perturbation.choose(.workerPick), let unit = steal() { return (unit, defaultLane) }
         if let unit = ring.pop() { return (unit, defaultLane) }
         if let unit = takeFromInjector(lane: defaultLane) { return (unit, defaultLane) }
         if let unit = steal() { return (unit, defaultLane) }
@@ -323,7 +331,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     func pushLocal(_ unit: consuming WorkUnit, mayUseSlot: Bool) -> Bool {
         // Only this thread adds to its ring, so an empty one cannot fill
         // meanwhile.
-        if mayUseSlot && ring.isEmptyForOwner {
+        if mayUseSlot && ring.isEmptyForOwner && !Perturbation.choose(.queueSubmit) {
             guard let refused = slot.fill(unit) else { return true }
             ring.push(refused)
             return false

@@ -397,6 +397,7 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     /// the submitting worker's private next-unit slot), because the
     /// submitter goes on working and the unit is meant to run beside it.
     func submit(_ unit: consuming WorkUnit, shared: Bool = false) {
+        Perturbation.point(.queueSubmit)
         if let pool = globalPoolRef {
             var unit: WorkUnit? = consume unit
             let lane = globalPriority.unsafelyUnwrapped.lane
@@ -496,6 +497,7 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
             let target = targetQueue
             lock.unlock()
             if more { scheduleDrain(on: target) }
+            Perturbation.point(.workerPick)
             unit.run()
             lockQueue()
             if barrier { barrierActive = false } else { running -= 1 }
@@ -535,6 +537,7 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
                 lock.unlock()
                 var ran = 0
                 while ran < taken && AtomicMemory.load(from: suspendedFlag, ordering: .relaxed) == 0 {
+                    Perturbation.point(.workerPick)
                     (batch + ran).move().run()
                     ran += 1
                 }

@@ -432,6 +432,7 @@ public final class ThreadLoop: @unchecked Sendable {
                 let wakeAt = poll ? MonotonicClock.Instant(nanoseconds: 0) : min(deadline, nextTimerDeadline(mode))
                 readyEvents.removeAll(keepingCapacity: true)
                 _ = registry.wait(until: wakeAt, events: &readyEvents)
+                Perturbation.point(.loopWake)
                 record(readyEvents)
                 if !poll { notify(.afterWaiting, mode) }
             }
