@@ -70,6 +70,39 @@ struct NamedPortTests {
         try owner.finish()
     }
 
+    /// An owner that never accepts fills its listener's backlog; lookups
+    /// past it wait in `connect` for room, and still give up at their
+    /// timeout with `.timedOut` instead of blocking for good.
+    @Test func lookupsOfAnOwnerThatNeverAcceptsTimeOut() throws {
+        let name = uniqueName("backlog")
+        let port = try NamedPort(name: name) { _ in nil }  // in no loop: nothing accepts
+        let outcomes = LockedValue<[String]>([])
+        let finished = Latch()
+        // Past the 128 the listener's backlog holds.
+        let lookups = 160
+        let join = startThread {
+            for _ in 0..<lookups {
+                do throws(PortError) {
+                    let remote = try RemotePort.lookup(name, timeout: .milliseconds(10))
+                    remote.invalidate()
+                    outcomes.withLock { $0.append("connected") }
+                } catch {
+                    if case .timedOut = error { outcomes.withLock { $0.append("timed out") } } else {
+                        outcomes.withLock { $0.append("\(error)") }
+                    }
+                }
+            }
+            finished.countDown()
+        }
+        // A blocked connect would keep the thread for good: 160 × 10 ms is
+        // what it should take; a minute is the give-up, after which closing
+        // the name wakes a blocked connect (ECONNREFUSED).
+        #expect(finished.wait(seconds: 60), "lookups blocked past their timeout")
+        port.invalidate()
+        join()
+        #expect(outcomes.withLock { $0 } == Array(repeating: "timed out", count: lookups))
+    }
+
     @Test func aTakenNameThrowsNameTaken() throws {
         let name = uniqueName("taken")
         let first = try NamedPort(name: name) { _ in nil }
@@ -264,7 +297,7 @@ struct NamedPortTests {
 
         func connectRaw() -> Int32 {
             let address = Array("spindle.\(geteuid()).\(name)".utf8)
-            let raw = address.withUnsafeBufferPointer { cshims_port_connect($0.baseAddress, $0.count) }
+            let raw = address.withUnsafeBufferPointer { cshims_port_connect($0.baseAddress, $0.count, -1) }
             var greeting = [UInt8](repeating: 0, count: 64)
             guard raw >= 0, cshims_port_poll(raw, 1, 5_000_000_000) == 1, read(raw, &greeting, 64) == 24 else { return -1 }
             return raw
@@ -396,7 +429,7 @@ struct NamedPortTests {
         let good = try RemotePort.lookup(name)
         // A raw connection: read the greeting, then send garbage.
         let address = Array("spindle.\(geteuid()).\(name)".utf8)
-        let raw = address.withUnsafeBufferPointer { cshims_port_connect($0.baseAddress, $0.count) }
+        let raw = address.withUnsafeBufferPointer { cshims_port_connect($0.baseAddress, $0.count, -1) }
         #expect(raw >= 0)
         #expect(cshims_port_poll(raw, 1, 5_000_000_000) == 1)
         var greeting = [UInt8](repeating: 0, count: 64)

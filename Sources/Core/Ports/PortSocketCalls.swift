@@ -43,12 +43,21 @@ enum PortSocketCalls {
         throw environment("listen", -fd)
     }
 
-    static func connect(_ name: String, owner uid: UInt32) throws(PortError) -> Int32 {
+    /// Connects to the name, waiting until `deadline` at most for room in
+    /// the owner's backlog (full while its loop does not accept).
+    static func connect(_ name: String, owner uid: UInt32, before deadline: MonotonicClock.Instant) throws(PortError) -> Int32 {
+        let start = MonotonicClock.now
         let address = address(name, owner: uid)
-        let fd = address.withUnsafeBufferPointer { cshims_port_connect($0.baseAddress, $0.count) }
+        // Zero means "do not wait" to the shim: a deadline that has passed
+        // still gets one try.
+        let timeout = remainingNanoseconds(until: deadline)
+        let fd = address.withUnsafeBufferPointer { cshims_port_connect($0.baseAddress, $0.count, timeout) }
         if fd >= 0 { return fd }
-        if -fd == ECONNREFUSED || -fd == ENOENT { throw .nameNotFound(name) }
-        throw environment("connect", -fd)
+        switch -fd {
+        case ECONNREFUSED, ENOENT: throw .nameNotFound(name)
+        case EAGAIN: throw .timedOut(after: start.duration(to: .now))
+        default: throw environment("connect", -fd)
+        }
     }
 
     /// A waiting connection, or nil when none waits (or accepting failed:

@@ -110,7 +110,9 @@ public final class RemotePort: @unchecked Sendable {
     /// Connects to the port published as `name` by user `owner` (by default
     /// the caller's own user, the only one a port accepts by default) and
     /// waits at most `timeout` for the owner's loop to accept the
-    /// connection. Blocks.
+    /// connection. Blocks, at most `timeout` in all: the connect itself
+    /// waits only while the owner's backlog is full (its loop is not
+    /// accepting), and only until the deadline.
     ///
     /// - Throws: `.nameNotFound` if nobody publishes the name (or its
     ///   owner died); `.foreignOwner` if the process holding the name runs
@@ -122,7 +124,7 @@ public final class RemotePort: @unchecked Sendable {
         require(timeout >= .zero, "RemotePort.lookup: `timeout` is \(timeout); it cannot be negative")
         let expected = owner ?? PortSocketCalls.effectiveUID
         let deadline = MonotonicClock.now.advanced(by: timeout)
-        let fd = try PortSocketCalls.connect(name, owner: expected)
+        let fd = try PortSocketCalls.connect(name, owner: expected, before: deadline)
         do throws(PortError) {
             let uid = try PortSocketCalls.peerUID(fd)
             guard uid == expected else { throw .foreignOwner(name: name, uid: uid) }
