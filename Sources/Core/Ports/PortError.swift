@@ -52,6 +52,11 @@ public enum PortError: Error, Sendable, Hashable, CustomStringConvertible {
     /// The kernel refused a call the port needed (out of descriptors or
     /// memory, say).
     case system(SystemCallError)
+    /// A send to a `LocalPort` whose queue is full (`capacity` messages),
+    /// from the thread of the very loop that receives the port (its handler,
+    /// say): only that thread makes room, so waiting would wait for itself.
+    /// Refused at once; nothing was queued.
+    case fullQueueOnItsOwnLoop(capacity: Int)
 
     public var description: String {
         switch self {
@@ -85,6 +90,8 @@ public enum PortError: Error, Sendable, Hashable, CustomStringConvertible {
             "a frame stalled: part of it arrived, then nothing for longer than \(limit); the connection was closed"
         case .system(let error):
             error.description
+        case .fullQueueOnItsOwnLoop(let capacity):
+            "the LocalPort's queue is full (\(capacity) messages) and the send comes from the thread of the loop that receives it, the only thread that makes room: waiting would deadlock, so it is refused; nothing was queued"
         }
     }
 }
