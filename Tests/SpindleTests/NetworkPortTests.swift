@@ -346,6 +346,66 @@ private func canMakeNetworkNamespaces() -> Bool {
     return system("ip netns add \(probe) >/dev/null 2>&1 && ip netns del \(probe) >/dev/null 2>&1") == 0
 }
 
+@Suite("NetworkPort across fork")
+struct NetworkPortForkTests {
+    /// A parent and the child it forked make requests on one inherited TCP
+    /// `RemotePort` at the same time: the child connects again on its first
+    /// request, and each gets only its own replies.
+    @Test func aParentAndItsForkedChildGetOnlyTheirOwnReplies() async {
+        await #expect(processExitsWith: .success) {
+            exit(tcpRepliesAcrossFork())
+        }
+    }
+}
+
+/// Requests `count` echoes tagged `tag`; true if every reply carried this
+/// process's own request back.
+private func tcpEchoes(_ remote: RemotePort, tag: String, count: Int) -> Bool {
+    for i in 0..<count {
+        let sent = Array("\(tag)-\(i)".utf8)
+        guard let reply = try? remote.sendRequest(
+            PortEnvelope(id: UInt32(i), components: [.bytes(sent)]), timeout: .seconds(5), replyTimeout: .seconds(10)),
+            reply.id == UInt32(i), reply.components.first?.bytes == sent
+        else { return false }
+    }
+    return true
+}
+
+private func tcpRepliesAcrossFork() -> Int32 {
+    // Made here, received by a child of its own: this process starts no
+    // thread before it forks, and never accepts on its copy of the listener.
+    guard let port = try? NetworkPort({ m in PortEnvelope(id: m.id, components: m.components) }) else { return 1 }
+    let go = Step()
+    let owner = forkWaiting(for: go) {
+        guard let thread = try? LoopThread.start() else { return 20 }
+        thread.loop.add(port)
+        while true { pause() }
+    }
+    guard owner > 0 else { return 2 }
+    defer {
+        kill(owner, SIGKILL)
+        var status: Int32 = 0
+        _ = waitpid(owner, &status, 0)
+    }
+    go.signal()
+    guard let remote = try? RemotePort.connect(host: "127.0.0.1", port: port.port) else { return 3 }
+    guard tcpEchoes(remote, tag: "before", count: 3) else { return 4 }
+    let child = fork()
+    if child == 0 {
+        alarm(60)
+        _exit(tcpEchoes(remote, tag: "child", count: 300) ? 0 : 5)
+    }
+    guard child > 0 else { return 6 }
+    let parentOK = tcpEchoes(remote, tag: "parent", count: 300)
+    var status: Int32 = 0
+    guard waitpid(child, &status, 0) == child else { return 7 }
+    guard parentOK else { return 8 }
+    guard status == 0 else { return 10 + min((status >> 8) & 0xff, 100) }
+    guard tcpEchoes(remote, tag: "after", count: 3) else { return 9 }
+    remote.invalidate()
+    return 0
+}
+
 @Suite("NetworkPort between two hosts")
 struct NetworkPortHostsTests {
     /// Two network namespaces joined by a veth pair, a NetworkPort in one

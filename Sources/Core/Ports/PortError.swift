@@ -57,6 +57,14 @@ public enum PortError: Error, Sendable, Hashable, CustomStringConvertible {
     /// say): only that thread makes room, so waiting would wait for itself.
     /// Refused at once; nothing was queued.
     case fullQueueOnItsOwnLoop(capacity: Int)
+    /// A `RemotePort` used in a child process that inherited it through
+    /// `fork()`, with no address to make a connection of its own (it was
+    /// received in a message, or made by `NamedPort.makeSendRight()`): the
+    /// parent's connection is not shared, or replies would go to the wrong
+    /// process. `name` is the port's name, if any. Nothing was sent. Look
+    /// the port up by name in the child, or have a send right sent to the
+    /// child after the fork.
+    case inheritedAcrossFork(String?)
 
     public var description: String {
         switch self {
@@ -90,6 +98,8 @@ public enum PortError: Error, Sendable, Hashable, CustomStringConvertible {
             "a frame stalled: part of it arrived, then nothing for longer than \(limit); the connection was closed"
         case .system(let error):
             error.description
+        case .inheritedAcrossFork(let name):
+            "this RemotePort\(name.map { " (\"\($0)\")" } ?? "") was inherited through fork() and has no name or address to reconnect by (it came in a message or from makeSendRight()); its connection stays the parent's, so the child cannot use it: look the port up by name in the child (RemotePort.lookup), or have a send right sent to the child after the fork; nothing was sent"
         case .fullQueueOnItsOwnLoop(let capacity):
             "the LocalPort's queue is full (\(capacity) messages) and the send comes from the thread of the loop that receives it, the only thread that makes room: waiting would deadlock, so it is refused; nothing was queued"
         }
