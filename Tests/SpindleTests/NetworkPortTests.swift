@@ -190,6 +190,107 @@ private func closedByPeer(_ fd: Int32, before deadline: MonotonicClock.Instant, 
     return false
 }
 
+/// A Spindle request frame with message id `id`, sequence `sequence` and
+/// no components.
+private func requestFrame(id: UInt32, sequence: UInt64) -> [UInt8] {
+    littleEndian(24) + littleEndian(0x504E_5053) + [1, 0, 0, 0] + littleEndian(id) + littleEndian(0)
+        + withUnsafeBytes(of: sequence.littleEndian) { Array($0) }
+}
+
+/// Reads `count` frames from a raw connection (waiting up to 10 s for
+/// each read); returns their message ids, or nil if the stream ended or
+/// stalled first.
+private func readFrameIDs(_ fd: Int32, count: Int) -> [UInt32]? {
+    var buffered: [UInt8] = []
+    var ids: [UInt32] = []
+    var chunk = [UInt8](repeating: 0, count: 64 << 10)
+    while ids.count < count {
+        if buffered.count >= 4 {
+            let length = Int(buffered.withUnsafeBytes { $0.loadUnaligned(as: UInt32.self) }.littleEndian)
+            if buffered.count >= 4 + length, length >= 24 {
+                ids.append(buffered.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: 12, as: UInt32.self) }.littleEndian)
+                buffered.removeFirst(4 + length)
+                continue
+            }
+        }
+        guard cshims_port_poll(fd, 1, 10_000_000_000) == 1 else { return nil }
+        let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+        if n > 0 { buffered += chunk[0..<n] } else if n == 0 || errno != EAGAIN { return nil }
+    }
+    return ids
+}
+
+@Suite("NetworkPort slow requesters")
+struct NetworkPortSlowRequesterTests {
+    /// A requester that sends 64 requests for 256 KiB replies and never
+    /// reads does not hold up the loop: another sender's requests are
+    /// answered meanwhile, and once a MiB of replies waits for the
+    /// non-reader its connection is closed and reported as
+    /// `.replyBacklogExceeded`; the other sender goes on.
+    @Test(arguments: availableBackends)
+    func aRequesterThatDoesNotReadIsClosedAndHoldsUpNobody(kind: EventBackendKind) throws {
+        let drops = LockedValue<[PortError]>([])
+        let big = [UInt8](repeating: 0x5A, count: 256 << 10)
+        let networkPort = try NetworkPort(replyBacklogLimit: 1 << 20) { m in
+            m.id >= 1_000_000 ? PortEnvelope(id: m.id, components: [.bytes(big)]) : PortEnvelope(id: m.id + 1)
+        }
+        #expect(networkPort.replyBacklogLimit == 1 << 20)
+        networkPort.onDroppedConnection { error in drops.withLock { $0.append(error) } }
+        let listener = try Listener(networkPort, backend: kind)
+        let good = try RemotePort.connect(host: "127.0.0.1", port: listener.port.port)
+        var nextID: UInt32 = 0
+        func exchange() throws {
+            nextID += 2
+            let reply = try good.sendRequest(PortEnvelope(id: nextID), timeout: .seconds(5), replyTimeout: .seconds(10))
+            #expect(reply.id == nextID + 1)
+        }
+        try exchange()
+        let hog = rawConnection(listener.port.port)
+        #expect(hog >= 0)
+        let requests = (0..<64).flatMap { requestFrame(id: 1_000_000 + UInt32($0), sequence: UInt64($0 + 1)) }
+        #expect(writeAll(hog, requests))
+        // Without the queue each blocked reply held the loop for a second,
+        // and the connection was dropped for a timed-out send instead.
+        let deadline = MonotonicClock.now + .seconds(20)
+        while drops.withLock({ $0.isEmpty }) && MonotonicClock.now < deadline {
+            try exchange()
+            usleep(10_000)
+        }
+        close(hog)
+        #expect(drops.withLock { $0.count } == 1)
+        let reasons = drops.withLock { $0 }
+        if case .replyBacklogExceeded(let bytes, let limit)? = reasons.first {
+            #expect(limit == 1 << 20 && bytes > limit)
+        } else {
+            Issue.record("dropped for \(reasons)")
+        }
+        #expect(listener.port.malformedFrames == 0)
+        try exchange()
+        good.invalidate()
+        try listener.finish()
+    }
+
+    /// A requester that sends 12 requests for 256 KiB replies at once and
+    /// only then reads gets all 3 MiB, in order: what its socket did not
+    /// take waited on the connection (under the default 4 MiB limit).
+    @Test(arguments: availableBackends)
+    func repliesQueuedForASlowReaderAllArriveInOrder(kind: EventBackendKind) throws {
+        let big = [UInt8](repeating: 0x33, count: 256 << 10)
+        let drops = LockedValue<[PortError]>([])
+        let networkPort = try NetworkPort { m in PortEnvelope(id: m.id, components: [.bytes(big)]) }
+        networkPort.onDroppedConnection { error in drops.withLock { $0.append(error) } }
+        let listener = try Listener(networkPort, backend: kind)
+        let slow = rawConnection(listener.port.port)
+        #expect(slow >= 0)
+        #expect(writeAll(slow, (0..<12).flatMap { requestFrame(id: 500 + UInt32($0), sequence: UInt64($0 + 1)) }))
+        usleep(100_000)  // let the replies pile up; the test holds whatever the timing
+        #expect(readFrameIDs(slow, count: 12) == (0..<12).map { 500 + UInt32($0) })
+        close(slow)
+        #expect(drops.withLock { $0 }.isEmpty)
+        try listener.finish()
+    }
+}
+
 @Suite("NetworkPort stalled frames")
 struct NetworkPortStallTests {
     /// A sender that announces a 16 MiB frame, sends ten bytes of it and

@@ -69,8 +69,13 @@
 ///
 /// ## Blocking, invalidation, lifetime
 ///
-/// As for `NamedPort`: the port is one loop's; a reply waits at most one
-/// second for room; `invalidate()` or the exit of the loop's thread closes
+/// As for `NamedPort`: the port is one loop's. A reply never waits on the
+/// loop's thread: what the requester's socket does not take at once is
+/// queued on its connection and written as the socket drains, so a
+/// requester that stops reading holds up only itself; once
+/// `replyBacklogLimit` bytes wait, its next reply closes the connection
+/// (reported to `onDroppedConnection` as `.replyBacklogExceeded`).
+/// `invalidate()` or the exit of the loop's thread closes
 /// the listener and every connection (senders get `.peerGone`) and runs
 /// the `onInvalidation` handlers; until then the port lives and keeps its
 /// address. Thread-safe; `Sendable`. Adding it to a second loop is a
@@ -93,6 +98,11 @@ public final class NetworkPort: @unchecked Sendable {
     /// byte before the port closes it; nil: as long as it likes. The
     /// type's documentation says how it is checked.
     public let stallLimit: Duration?
+    /// How many reply bytes a connection may have waiting for its
+    /// requester to read before the port closes it (`.replyBacklogExceeded`).
+    /// A reply is queued while fewer than this many wait, so one reply of
+    /// any size always fits.
+    public let replyBacklogLimit: Int
     let handler: @Sendable (PortEnvelope) -> PortEnvelope?
 
     private let lock = Lock()
@@ -110,6 +120,14 @@ public final class NetworkPort: @unchecked Sendable {
         var frames: PortWire.FrameReader
         /// When the connection's last bytes arrived.
         var lastBytes = MonotonicClock.now
+        /// Reply bytes not yet written (the socket buffer was full), from
+        /// `outboxStart` on; written as the socket drains.
+        var outbox: [UInt8] = []
+        var outboxStart = 0
+        /// Watches for room while `outbox` holds bytes; nil otherwise.
+        var writer: LoopSource?
+
+        var queuedReplyBytes: Int { outbox.count - outboxStart }
     }
 
     private struct State {
@@ -129,18 +147,23 @@ public final class NetworkPort: @unchecked Sendable {
     /// added to a loop; what `handler` returns answers a request (ignored
     /// in `.foundationSocketPort` format, which has none). A connection
     /// that holds part of a frame and sends nothing for longer than
-    /// `stallLimit` is closed (nil: never). Never blocks.
+    /// `stallLimit` is closed (nil: never). A connection with
+    /// `replyBacklogLimit` bytes of replies or more waiting for its
+    /// requester to read is closed at its next reply (4 MiB by default).
+    /// Never blocks.
     ///
-    /// Misuse: a `stallLimit` of zero or less is a precondition failure.
+    /// Misuse: a `stallLimit` or `replyBacklogLimit` of zero or less is a
+    /// precondition failure.
     ///
     /// - Throws: `.nameTaken` if the address is in use; `.system` for an
     ///   address that is not a dotted IPv4 address, or one the kernel
     ///   refuses.
     public init(
         host: String = "127.0.0.1", port: UInt16 = 0, wireFormat: PortWireFormat = .spindle,
-        stallLimit: Duration? = .seconds(30),
+        stallLimit: Duration? = .seconds(30), replyBacklogLimit: Int = 4 << 20,
         _ handler: @escaping @Sendable (PortEnvelope) -> PortEnvelope?
     ) throws(PortError) {
+        require(replyBacklogLimit > 0, "NetworkPort.init: `replyBacklogLimit` is \(replyBacklogLimit); it must be positive")
         if let stallLimit {
             require(stallLimit > .zero, "NetworkPort.init: `stallLimit` is \(stallLimit); it must be positive, or nil for no limit")
         }
@@ -149,6 +172,7 @@ public final class NetworkPort: @unchecked Sendable {
         self.port = bound
         self.wireFormat = wireFormat
         self.stallLimit = stallLimit
+        self.replyBacklogLimit = replyBacklogLimit
         self.handler = handler
         let reference = NetworkPortReference()
         sentinel = LoopSource(
@@ -182,8 +206,9 @@ public final class NetworkPort: @unchecked Sendable {
     /// `.malformed` for a frame that is oversize, does not add up or is cut
     /// short by the end of the stream (each also counted in
     /// `malformedFrames`); `.frameStalled` for a partial frame silent past
-    /// `stallLimit` (counted in `stalledFrames`); the send's error for a
-    /// reply that could not be sent. Not for a sender that closes between
+    /// `stallLimit` (counted in `stalledFrames`); `.replyBacklogExceeded`
+    /// for a requester that left `replyBacklogLimit` reply bytes unread;
+    /// the send's error for a reply that could not be sent. Not for a sender that closes between
     /// frames, nor for the port's own invalidation. Handlers run in the
     /// order added; add them before the port starts receiving to see every
     /// closing. Any thread;
@@ -228,6 +253,7 @@ public final class NetworkPort: @unchecked Sendable {
         var all = [sentinel]
         if let listener = state.listener { all.append(listener.source) }
         all.append(contentsOf: state.connections.values.map(\.source))
+        all.append(contentsOf: state.connections.values.compactMap(\.writer))
         return all
     }
 
@@ -261,6 +287,7 @@ public final class NetworkPort: @unchecked Sendable {
             return (connection, state.dropHandlers)
         }
         guard let (connection, handlers) = dropped else { return }
+        connection.writer?.invalidate()
         Self.close(fd, source: connection.source)
         if let reason { for handler in handlers { handler(reason) } }
     }
@@ -314,6 +341,7 @@ public final class NetworkPort: @unchecked Sendable {
             return (stalled, state.dropHandlers)
         }
         for (fd, connection) in stalled {
+            connection.writer?.invalidate()
             Self.close(fd, source: connection.source)
             for handler in handlers { handler(.frameStalled(after: stallLimit)) }
         }
@@ -377,7 +405,7 @@ public final class NetworkPort: @unchecked Sendable {
                 let reply = handler(decoded.envelope) ?? PortEnvelope(id: decoded.envelope.id)
                 do throws(PortError) {
                     let record = try PortWire.encode(reply, kind: .reply, sequence: decoded.sequence, descriptors: false)
-                    try PortSocketCalls.streamSendAll(fd, PortWire.frame(record.bytes), before: MonotonicClock.now.advanced(by: .seconds(1)))
+                    try queueReply(PortWire.frame(record.bytes), on: fd)
                 } catch {
                     drop(fd, malformed: false, reason: error)
                     return
@@ -387,6 +415,78 @@ public final class NetworkPort: @unchecked Sendable {
                 return
             }
         }
+    }
+
+    // MARK: Replies (the loop's thread)
+
+    /// Sends `frame` on `fd` as far as the socket takes it now, and queues
+    /// the rest behind the connection's earlier replies, to go as the socket
+    /// drains (`flushReplies`): a requester that does not read holds up
+    /// only its own connection, never the loop. Throws
+    /// `.replyBacklogExceeded` if `replyBacklogLimit` bytes or more wait
+    /// already, and the send's error if the peer is gone; the caller drops
+    /// the connection.
+    private func queueReply(_ frame: [UInt8], on fd: Int32) throws(PortError) {
+        let queued: Int? = lock.withLock { state.connections[fd]?.queuedReplyBytes }
+        guard let queued else { return }  // dropped meanwhile
+        guard queued < replyBacklogLimit else { throw .replyBacklogExceeded(bytes: queued + frame.count, limit: replyBacklogLimit) }
+        var written = 0
+        if queued == 0 {
+            switch frame.withUnsafeBytes({ PortSocketCalls.streamSendSome(fd, $0) }) {
+            case .sent(let n): written = n
+            case .full: break
+            case .failed(let error): throw error
+            }
+            if written == frame.count { return }
+        }
+        let rest = frame[written...]
+        let placement: (LoopSource, ThreadLoop?, [LoopMode])? = lock.withLock {
+            guard state.connections[fd] != nil else { return nil }
+            state.connections[fd]!.outbox += rest
+            guard state.connections[fd]!.writer == nil else { return nil }
+            let writer = LoopSource(descriptor: fd, interest: .writable) { _, _ in self.flushReplies(on: fd) }
+            state.connections[fd]!.writer = writer
+            return (writer, state.membership.loop, state.membership.currentModes)
+        }
+        if let (writer, loop, modes) = placement, let loop { for m in modes { loop.add(writer, forMode: m) } }
+    }
+
+    /// The writer's handler: writes queued reply bytes while the socket
+    /// takes them; once none are left, the writer goes.
+    private func flushReplies(on fd: Int32) {
+        while true {
+            let pending: [UInt8]? = lock.withLock {
+                guard let c = state.connections[fd], c.queuedReplyBytes > 0 else { return nil }
+                return Array(c.outbox[c.outboxStart..<min(c.outbox.count, c.outboxStart + (256 << 10))])
+            }
+            guard let pending else { break }
+            switch pending.withUnsafeBytes({ PortSocketCalls.streamSendSome(fd, $0) }) {
+            case .sent(let n):
+                lock.withLock {
+                    guard state.connections[fd] != nil else { return }
+                    state.connections[fd]!.outboxStart += n
+                    if state.connections[fd]!.outboxStart >= 1 << 20 {
+                        // Drop what went out, so the outbox does not grow for good.
+                        state.connections[fd]!.outbox.removeFirst(state.connections[fd]!.outboxStart)
+                        state.connections[fd]!.outboxStart = 0
+                    }
+                }
+                if n < pending.count { return }
+            case .full:
+                return
+            case .failed(let error):
+                drop(fd, malformed: false, reason: error)
+                return
+            }
+        }
+        let writer: LoopSource? = lock.withLock {
+            guard state.connections[fd] != nil else { return nil }
+            state.connections[fd]!.outbox = []
+            state.connections[fd]!.outboxStart = 0
+            defer { state.connections[fd]!.writer = nil }
+            return state.connections[fd]!.writer
+        }
+        writer?.invalidate()
     }
 
     // MARK: Invalidation
@@ -410,7 +510,10 @@ public final class NetworkPort: @unchecked Sendable {
         sentinel.invalidate()
         stallSweep?.invalidate()
         if let listener = taken.listener { Self.close(listener.fd, source: listener.source) }
-        for (fd, connection) in taken.connections { Self.close(fd, source: connection.source) }
+        for (fd, connection) in taken.connections {
+            connection.writer?.invalidate()
+            Self.close(fd, source: connection.source)
+        }
         for handler in taken.handlers { handler(self) }
     }
 

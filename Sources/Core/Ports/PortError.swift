@@ -65,6 +65,10 @@ public enum PortError: Error, Sendable, Hashable, CustomStringConvertible {
     /// the port up by name in the child, or have a send right sent to the
     /// child after the fork.
     case inheritedAcrossFork(String?)
+    /// A requester left `limit` bytes of replies or more unread
+    /// (`NetworkPort.replyBacklogLimit`); at its next reply, `bytes` in all
+    /// would have waited, so the port closed the connection.
+    case replyBacklogExceeded(bytes: Int, limit: Int)
 
     public var description: String {
         switch self {
@@ -98,6 +102,8 @@ public enum PortError: Error, Sendable, Hashable, CustomStringConvertible {
             "a frame stalled: part of it arrived, then nothing for longer than \(limit); the connection was closed"
         case .system(let error):
             error.description
+        case .replyBacklogExceeded(let bytes, let limit):
+            "the requester did not read its replies: \(bytes) bytes would wait, past the port's limit of \(limit) (replyBacklogLimit); the connection was closed"
         case .inheritedAcrossFork(let name):
             "this RemotePort\(name.map { " (\"\($0)\")" } ?? "") was inherited through fork() and has no name or address to reconnect by (it came in a message or from makeSendRight()); its connection stays the parent's, so the child cannot use it: look the port up by name in the child (RemotePort.lookup), or have a send right sent to the child after the fork; nothing was sent"
         case .fullQueueOnItsOwnLoop(let capacity):

@@ -208,6 +208,26 @@ enum PortSocketCalls {
         }
     }
 
+    enum StreamWrite {
+        /// This many bytes went out (possibly fewer than offered).
+        case sent(Int)
+        /// The socket buffer is full.
+        case full
+        /// The peer is gone, or the connection failed.
+        case failed(PortError)
+    }
+
+    /// One write of `bytes` to a stream, never waiting.
+    static func streamSendSome(_ fd: Int32, _ bytes: UnsafeRawBufferPointer) -> StreamWrite {
+        let rc = cshims_port_stream_send(fd, bytes.baseAddress, bytes.count)
+        if rc >= 0 { return .sent(rc) }
+        switch -Int32(rc) {
+        case EAGAIN: return .full
+        case EPIPE, ECONNRESET, ENOTCONN, ETIMEDOUT, EHOSTUNREACH, ENETUNREACH: return .failed(.peerGone)
+        case let code: return .failed(environment("send", code))
+        }
+    }
+
     enum StreamRead {
         case bytes(Int)
         case nothing
