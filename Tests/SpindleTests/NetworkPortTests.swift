@@ -220,6 +220,99 @@ private func readFrameIDs(_ fd: Int32, count: Int) -> [UInt32]? {
     return ids
 }
 
+/// Writes all of `bytes` to a raw non-blocking connection, waiting for
+/// room (10 s at most per wait); false if the peer closed it or it stayed
+/// full. Never raises SIGPIPE.
+private func writeFully(_ fd: Int32, _ bytes: ArraySlice<UInt8>) -> Bool {
+    var sent = 0
+    while sent < bytes.count {
+        let rc = bytes.withUnsafeBytes { cshims_port_stream_send(fd, $0.baseAddress! + sent, $0.count - sent) }
+        if rc > 0 {
+            sent += rc
+        } else if rc == -Int(EAGAIN) {
+            guard cshims_port_poll(fd, 2, 10_000_000_000) == 1 else { return false }
+        } else {
+            return false
+        }
+    }
+    return true
+}
+
+@Suite("NetworkPort memory under slow senders")
+struct NetworkPortMemoryTests {
+    /// A frame announcing 8 MiB whose header is garbage is closed as soon
+    /// as the header is in, not after 8 MiB (nor the stall limit, off here).
+    @Test(arguments: availableBackends)
+    func aBadHeaderIsRefusedBeforeTheFrameArrives(kind: EventBackendKind) throws {
+        let drops = LockedValue<[PortError]>([])
+        let networkPort = try NetworkPort(stallLimit: nil) { _ in nil }
+        networkPort.onDroppedConnection { error in drops.withLock { $0.append(error) } }
+        let listener = try Listener(networkPort, backend: kind)
+        let raw = rawConnection(listener.port.port)
+        #expect(raw >= 0)
+        #expect(writeAll(raw, littleEndian(8 << 20) + littleEndian(0xDEAD_BEEF) + [UInt8](repeating: 0, count: 20)))
+        #expect(closedByPeer(raw, before: MonotonicClock.now + .seconds(10)) {})
+        close(raw)
+        #expect(eventually { listener.port.malformedFrames == 1 })
+        #expect(eventually { drops.withLock { $0 } == [.malformed("bad magic number")] }, "\(drops.withLock { $0 })")
+        try listener.finish()
+    }
+
+    /// Three slow senders each start a frame of 600 KiB; once they hold
+    /// more than the port's 1 MiB limit together, the one holding the most
+    /// is closed (`.partialFramesOverLimit`) and the other two finish their
+    /// frames, which arrive whole.
+    @Test(arguments: availableBackends)
+    func partialFramesPastTheLimitDropTheLargestHolder(kind: EventBackendKind) throws {
+        let drops = LockedValue<[PortError]>([])
+        let got = LockedValue<[UInt32]>([])
+        let networkPort = try NetworkPort(stallLimit: nil, partialFrameMemoryLimit: 1 << 20) { m in
+            got.withLock { $0.append(m.id) }
+            return nil
+        }
+        #expect(networkPort.partialFrameMemoryLimit == 1 << 20)
+        networkPort.onDroppedConnection { error in drops.withLock { $0.append(error) } }
+        let listener = try Listener(networkPort, backend: kind)
+        let payload = 600 << 10
+        // A one-way frame of id `id` with one inline buffer of `payload` bytes.
+        func frame(id: UInt32) -> [UInt8] {
+            let record = littleEndian(0x504E_5053) + [0, 0, 0, 0] + littleEndian(id) + littleEndian(1) + [UInt8](repeating: 0, count: 8)
+                + [0, 0, 0, 0] + littleEndian(UInt32(payload)) + [UInt8](repeating: UInt8(id), count: payload)
+            return littleEndian(UInt32(record.count)) + record
+        }
+        let (a, c, b) = (frame(id: 1), frame(id: 3), frame(id: 2))
+        let rawA = rawConnection(listener.port.port), rawB = rawConnection(listener.port.port), rawC = rawConnection(listener.port.port)
+        #expect(rawA >= 0 && rawB >= 0 && rawC >= 0)
+        #expect(writeFully(rawA, a[0..<(300 << 10)]))
+        #expect(eventually { listener.port.partialFrameBytes >= 300 << 10 })
+        #expect(writeFully(rawC, c[0..<(300 << 10)]))
+        #expect(eventually { listener.port.partialFrameBytes >= 600 << 10 })
+        // Past 424 KiB of B's frame the three hold more than 1 MiB, and B
+        // holds the most.
+        // Its write may fail part way: the port closes it mid-frame.
+        _ = writeFully(rawB, b[0..<(580 << 10)])
+        #expect(closedByPeer(rawB, before: MonotonicClock.now + .seconds(10)) {})
+        close(rawB)
+        #expect(eventually { drops.withLock { $0.count } == 1 })
+        if case .partialFramesOverLimit(let mine, let total, let limit)? = drops.withLock({ $0.first }) {
+            #expect(limit == 1 << 20 && total > limit && mine > 300 << 10)
+        } else {
+            Issue.record("dropped: \(drops.withLock { $0 })")
+        }
+        #expect(listener.port.partialFrameBytes <= 1 << 20)
+        // A, then C, finish (one at a time: together, part way, they too
+        // would pass the limit); each frame arrives whole.
+        #expect(writeFully(rawA, a[(300 << 10)...]))
+        #expect(eventually { got.withLock { $0 } == [1] })
+        #expect(writeFully(rawC, c[(300 << 10)...]))
+        #expect(eventually { got.withLock { $0.sorted() } == [1, 3] })
+        #expect(drops.withLock { $0.count } == 1, "\(drops.withLock { $0 })")
+        close(rawA)
+        close(rawC)
+        try listener.finish()
+    }
+}
+
 @Suite("NetworkPort slow requesters")
 struct NetworkPortSlowRequesterTests {
     /// A requester that sends 64 requests for 256 KiB replies and never

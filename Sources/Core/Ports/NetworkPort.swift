@@ -41,6 +41,17 @@
 /// bytes keep coming is not either: the limit is on silence, not on the
 /// frame's total time. A `nil` limit turns the check off.
 ///
+/// ## Memory under slow senders
+///
+/// A frame's header is checked as soon as its first bytes arrive (its
+/// length, and for Spindle's frames the record's magic number, kind and
+/// component count), so a peer announcing a large frame of garbage is
+/// closed before anything is buffered for it. The partial frames of all
+/// connections together hold at most `partialFrameMemoryLimit` bytes (64
+/// MiB unless given at creation): a read that takes them past it closes
+/// the connections holding the most, largest first, until the rest fit
+/// (`.partialFramesOverLimit`); the others go on.
+///
 /// ## Foundation's `SocketPort`
 ///
 /// Made with `wireFormat: .foundationSocketPort`, the port speaks the
@@ -103,6 +114,11 @@ public final class NetworkPort: @unchecked Sendable {
     /// A reply is queued while fewer than this many wait, so one reply of
     /// any size always fits.
     public let replyBacklogLimit: Int
+    /// The most memory all connections together may hold in partial frames
+    /// (frames whose bytes are still arriving). Past it, the connections
+    /// holding the most are closed, largest first, until the rest fit,
+    /// each reported as `.partialFramesOverLimit`.
+    public let partialFrameMemoryLimit: Int
     let handler: @Sendable (PortEnvelope) -> PortEnvelope?
 
     private let lock = Lock()
@@ -150,20 +166,25 @@ public final class NetworkPort: @unchecked Sendable {
     /// `stallLimit` is closed (nil: never). A connection with
     /// `replyBacklogLimit` bytes of replies or more waiting for its
     /// requester to read is closed at its next reply (4 MiB by default).
-    /// Never blocks.
+    /// Partial frames of all connections together may hold at most
+    /// `partialFrameMemoryLimit` bytes (64 MiB by default); past it the
+    /// largest holders are closed. Never blocks.
     ///
-    /// Misuse: a `stallLimit` or `replyBacklogLimit` of zero or less is a
-    /// precondition failure.
+    /// Misuse: a `stallLimit`, `replyBacklogLimit` or
+    /// `partialFrameMemoryLimit` of zero or less is a precondition failure.
     ///
     /// - Throws: `.nameTaken` if the address is in use; `.system` for an
     ///   address that is not a dotted IPv4 address, or one the kernel
     ///   refuses.
     public init(
         host: String = "127.0.0.1", port: UInt16 = 0, wireFormat: PortWireFormat = .spindle,
-        stallLimit: Duration? = .seconds(30), replyBacklogLimit: Int = 4 << 20,
+        stallLimit: Duration? = .seconds(30), replyBacklogLimit: Int = 4 << 20, partialFrameMemoryLimit: Int = 64 << 20,
         _ handler: @escaping @Sendable (PortEnvelope) -> PortEnvelope?
     ) throws(PortError) {
         require(replyBacklogLimit > 0, "NetworkPort.init: `replyBacklogLimit` is \(replyBacklogLimit); it must be positive")
+        require(
+            partialFrameMemoryLimit > 0,
+            "NetworkPort.init: `partialFrameMemoryLimit` is \(partialFrameMemoryLimit); it must be positive")
         if let stallLimit {
             require(stallLimit > .zero, "NetworkPort.init: `stallLimit` is \(stallLimit); it must be positive, or nil for no limit")
         }
@@ -173,6 +194,7 @@ public final class NetworkPort: @unchecked Sendable {
         self.wireFormat = wireFormat
         self.stallLimit = stallLimit
         self.replyBacklogLimit = replyBacklogLimit
+        self.partialFrameMemoryLimit = partialFrameMemoryLimit
         self.handler = handler
         let reference = NetworkPortReference()
         sentinel = LoopSource(
@@ -203,9 +225,11 @@ public final class NetworkPort: @unchecked Sendable {
     /// Runs `handler` each time the port closes a connection on its own
     /// account, on the thread of the loop the port is in, once the
     /// connection is closed and counted, with why:
-    /// `.malformed` for a frame that is oversize, does not add up or is cut
-    /// short by the end of the stream (each also counted in
-    /// `malformedFrames`); `.frameStalled` for a partial frame silent past
+    /// `.malformed` for a frame that is oversize, does not add up (its
+    /// header is checked as soon as it arrives) or is cut short by the end
+    /// of the stream (each also counted in `malformedFrames`);
+    /// `.partialFramesOverLimit` for the largest holders of partial frames
+    /// once all together passed `partialFrameMemoryLimit`; `.frameStalled` for a partial frame silent past
     /// `stallLimit` (counted in `stalledFrames`); `.replyBacklogExceeded`
     /// for a requester that left `replyBacklogLimit` reply bytes unread;
     /// the send's error for a reply that could not be sent. Not for a sender that closes between
@@ -216,6 +240,13 @@ public final class NetworkPort: @unchecked Sendable {
     /// that blocks holds up the port's loop.
     public func onDroppedConnection(_ handler: @escaping @Sendable (PortError) -> Void) {
         lock.withLock { state.dropHandlers.append(handler) }
+    }
+
+    /// Bytes the connections hold right now in frames still arriving (at
+    /// most `partialFrameMemoryLimit` once the port has handled its
+    /// reads). Takes the port's lock briefly; stale at once.
+    public var partialFrameBytes: Int {
+        lock.withLock { state.connections.values.reduce(0) { $0 + $1.frames.partialFrameBytes } }
     }
 
     /// How many senders are connected right now.
@@ -381,6 +412,7 @@ public final class NetworkPort: @unchecked Sendable {
             case .success(let f?): frame = f
             case .success(nil):
                 watchForStall(fd)
+                shedPartialFrames()
                 return
             case .failure(let error):
                 drop(fd, malformed: true, reason: error)
@@ -413,6 +445,36 @@ public final class NetworkPort: @unchecked Sendable {
             case .reply, .welcome, .refused, .ring:
                 drop(fd, malformed: true, reason: .malformed("a \(decoded.kind) frame, which a listening port never receives"))
                 return
+            }
+        }
+    }
+
+    // MARK: Memory held by partial frames (the loop's thread)
+
+    /// Closes the connections holding the most memory in partial frames,
+    /// largest first, until all of them together hold at most
+    /// `partialFrameMemoryLimit`; each is told to the drop handlers as
+    /// `.partialFramesOverLimit`. A sum over the connections, taken after a
+    /// read left a partial frame.
+    private func shedPartialFrames() {
+        let (shed, handlers, total): ([(Int32, Connection, Int)], [@Sendable (PortError) -> Void], Int) = lock.withLock {
+            var total = 0
+            for c in state.connections.values { total += c.frames.partialFrameBytes }
+            guard total > partialFrameMemoryLimit else { return ([], [], total) }
+            let held = state.connections.map { ($0.key, $0.value.frames.partialFrameBytes) }.filter { $0.1 > 0 }.sorted { $0.1 > $1.1 }
+            var shed: [(Int32, Connection, Int)] = []
+            let before = total
+            for (fd, bytes) in held where total > partialFrameMemoryLimit {
+                if let c = state.connections.removeValue(forKey: fd) { shed.append((fd, c, bytes)) }
+                total -= bytes
+            }
+            return (shed, state.dropHandlers, before)
+        }
+        for (fd, connection, bytes) in shed {
+            connection.writer?.invalidate()
+            Self.close(fd, source: connection.source)
+            for handler in handlers {
+                handler(.partialFramesOverLimit(connectionBytes: bytes, totalBytes: total, limit: partialFrameMemoryLimit))
             }
         }
     }

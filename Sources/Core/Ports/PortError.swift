@@ -69,6 +69,11 @@ public enum PortError: Error, Sendable, Hashable, CustomStringConvertible {
     /// (`NetworkPort.replyBacklogLimit`); at its next reply, `bytes` in all
     /// would have waited, so the port closed the connection.
     case replyBacklogExceeded(bytes: Int, limit: Int)
+    /// Partial frames (frames still arriving) held `totalBytes` across a
+    /// `NetworkPort`'s connections, over its `partialFrameMemoryLimit`;
+    /// this connection, holding `connectionBytes` of them, was among the
+    /// largest and was closed.
+    case partialFramesOverLimit(connectionBytes: Int, totalBytes: Int, limit: Int)
 
     public var description: String {
         switch self {
@@ -102,6 +107,8 @@ public enum PortError: Error, Sendable, Hashable, CustomStringConvertible {
             "a frame stalled: part of it arrived, then nothing for longer than \(limit); the connection was closed"
         case .system(let error):
             error.description
+        case .partialFramesOverLimit(let mine, let total, let limit):
+            "partial frames held \(total) bytes across the port's connections, over its limit of \(limit) (partialFrameMemoryLimit); this connection held \(mine) of them, among the most, and was closed"
         case .replyBacklogExceeded(let bytes, let limit):
             "the requester did not read its replies: \(bytes) bytes would wait, past the port's limit of \(limit) (replyBacklogLimit); the connection was closed"
         case .inheritedAcrossFork(let name):
