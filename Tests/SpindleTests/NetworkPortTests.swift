@@ -313,6 +313,59 @@ struct NetworkPortMemoryTests {
     }
 }
 
+@Suite("NetworkPort out of descriptors")
+struct NetworkPortDescriptorExhaustionTests {
+    /// In a child process: with every descriptor taken, a waiting connection
+    /// makes `accept` fail with EMFILE; the port does not spin on its
+    /// readable listener (a few paced retries, not a busy loop), reports it
+    /// once, and accepts the connection once descriptors are free again.
+    @Test func outOfDescriptorsTheListenerBacksOffAndRecoversOnEpoll() async {
+        await #expect(processExitsWith: .success) {
+            exit(acceptOutOfDescriptors(.epoll))
+        }
+    }
+
+    @Test(.enabled(if: availableBackends.contains(.ioUring), "io_uring is refused here"))
+    func outOfDescriptorsTheListenerBacksOffAndRecoversOnIoUring() async {
+        await #expect(processExitsWith: .success) {
+            exit(acceptOutOfDescriptors(.ioUring))
+        }
+    }
+}
+
+private func acceptOutOfDescriptors(_ kind: EventBackendKind) -> Int32 {
+    let reports = LockedValue<[PortError]>([])
+    guard let port = try? NetworkPort({ m in PortEnvelope(id: m.id + 1) }), let listener = try? Listener(port, backend: kind) else { return 1 }
+    port.onDroppedConnection { error in reports.withLock { $0.append(error) } }
+    // Take every descriptor but one, which the client's socket takes.
+    var fillers: [Int32] = []
+    while true {
+        let fd = dup(0)
+        if fd < 0 { break }
+        fillers.append(fd)
+    }
+    guard errno == EMFILE, let spare = fillers.popLast() else { return 2 }
+    close(spare)
+    // TCP completes the handshake without the owner's accept.
+    guard let remote = try? RemotePort.connect(host: "127.0.0.1", port: port.port) else { return 3 }
+    // A spinning listener would fail accept hundreds of thousands of times
+    // meanwhile; the back-off tries a handful (10, 20, 40 ... ms).
+    usleep(300_000)
+    let failures = port.exhaustedAccepts
+    guard failures >= 1 else { return 4 }
+    guard failures < 50 else { return 5 }
+    guard reports.withLock({ $0 }) == [.system(SystemCallError(call: "accept", code: EMFILE))] else { return 6 }
+    guard port.connectionCount == 0 else { return 7 }
+    for fd in fillers { close(fd) }
+    guard let reply = try? remote.sendRequest(PortEnvelope(id: 4), timeout: .seconds(5), replyTimeout: .seconds(10)), reply.id == 5 else {
+        return 8
+    }
+    guard port.connectionCount == 1, reports.withLock({ $0.count }) == 1 else { return 9 }
+    remote.invalidate()
+    guard (try? listener.finish()) != nil else { return 10 }
+    return 0
+}
+
 @Suite("NetworkPort slow requesters")
 struct NetworkPortSlowRequesterTests {
     /// A requester that sends 64 requests for 256 KiB replies and never

@@ -126,6 +126,9 @@ public final class NetworkPort: @unchecked Sendable {
     /// Where the loop's thread reads into: 64 KiB per read.
     private let chunk = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 << 10, alignment: 8)
     private let sentinel: LoopSource
+    /// Re-arms the listener after `accept` ran out of descriptors
+    /// (`PortAcceptPacing`).
+    private let acceptPacing: PortAcceptPacing
     /// Closes stalled connections (`dropStalled`); due when the earliest
     /// partial frame could pass `stallLimit`, in the far future while none
     /// is buffered. Nil without a limit.
@@ -197,6 +200,7 @@ public final class NetworkPort: @unchecked Sendable {
         self.partialFrameMemoryLimit = partialFrameMemoryLimit
         self.handler = handler
         let reference = NetworkPortReference()
+        acceptPacing = PortAcceptPacing { reference.port?.resumeAccepting() }
         sentinel = LoopSource(
             cancel: { loop, _ in if loop.ownerThreadHasExited { reference.port?.invalidate() } },
             perform: { _ in })
@@ -206,7 +210,9 @@ public final class NetworkPort: @unchecked Sendable {
             LoopTimer(fireAt: .distantFuture, interval: limit) { timer in reference.port?.dropStalled(timer) }
         }
         // The listener's source holds the port until invalidation.
-        state.listener = (fd, LoopSource(descriptor: fd) { _, _ in self.acceptWaiting() })
+        // Re-armed by hand: not while `accept` finds no descriptor to take
+        // the connection with (`PortAcceptPacing`).
+        state.listener = (fd, LoopSource(descriptor: fd, rearmsManually: true) { _, _ in self.acceptWaiting() })
         reference.port = self
     }
 
@@ -234,6 +240,11 @@ public final class NetworkPort: @unchecked Sendable {
     /// for a requester that left `replyBacklogLimit` reply bytes unread;
     /// the send's error for a reply that could not be sent. Not for a sender that closes between
     /// frames, nor for the port's own invalidation. Handlers run in the
+    /// Also told, once per run of failures, `.system` for an `accept` that
+    /// found the process or system out of descriptors or memory: no
+    /// connection closes then (it waits in the kernel's backlog), and the
+    /// port stops watching its listener, retrying after a back-off of 10 ms
+    /// doubling to 1 s, so it never spins (`exhaustedAccepts` counts them).
     /// order added; add them before the port starts receiving to see every
     /// closing. Any thread;
     /// takes the port's lock briefly and never blocks otherwise. A handler
@@ -265,6 +276,7 @@ public final class NetworkPort: @unchecked Sendable {
         guard let sources else { return }
         require(!sources.isEmpty, "NetworkPort.schedule(in:forMode:): the port is already received by another loop; a port is received by one loop")
         for s in sources { loop.add(s, forMode: mode) }
+        loop.add(acceptPacing.timer, forMode: mode)
         if let stallSweep { loop.add(stallSweep, forMode: mode) }
         if loop.ownerThreadHasExited { invalidate() }
     }
@@ -276,6 +288,7 @@ public final class NetworkPort: @unchecked Sendable {
         }
         guard !sources.isEmpty else { return }
         for s in sources { loop.remove(s, forMode: mode) }
+        loop.remove(acceptPacing.timer, forMode: mode)
         if let stallSweep { loop.remove(stallSweep, forMode: mode) }
     }
 
@@ -292,7 +305,17 @@ public final class NetworkPort: @unchecked Sendable {
 
     private func acceptWaiting() {
         guard let listener = lock.withLock({ state.listener?.fd }) else { return }
-        while let fd = PortSocketCalls.accept(listener) {
+        while true {
+            let fd: Int32
+            switch PortSocketCalls.accept(listener) {
+            case .connection(let accepted):
+                fd = accepted
+                acceptPacing.accepted()
+            case .none:
+                return finishAccepting(exhausted: nil)
+            case .exhausted(let code):
+                return finishAccepting(exhausted: code)
+            }
             PortSocketCalls.tcpNoDelay(fd)
             let source = LoopSource(descriptor: fd) { _, _ in self.receive(on: fd) }
             let placement: (ThreadLoop?, [LoopMode])? = lock.withLock {
@@ -306,6 +329,31 @@ public final class NetworkPort: @unchecked Sendable {
             }
             if let loop { for m in modes { loop.add(source, forMode: m) } }
         }
+    }
+
+    /// Accepts that failed because the process or the system was out of
+    /// descriptors or memory; each run of them was reported once to the
+    /// drop handlers. Any thread; takes a short lock; stale at once.
+    public var exhaustedAccepts: Int { acceptPacing.failureCount }
+
+    /// The accept handler's end: re-arms the listener, unless `accept` ran
+    /// out of descriptors (errno `code`), which leaves it unarmed until
+    /// `acceptPacing`'s timer (reporting the first failure of a run).
+    private func finishAccepting(exhausted code: Int32?) {
+        let (loop, source, handlers) = lock.withLock { (state.membership.loop, state.listener?.source, state.dropHandlers) }
+        guard let code else {
+            if let loop, let source { loop.rearm(source) }
+            return
+        }
+        if acceptPacing.exhausted() {
+            for handler in handlers { handler(.system(SystemCallError(call: "accept", code: code))) }
+        }
+    }
+
+    /// `acceptPacing`'s timer: watch the listener again.
+    fileprivate func resumeAccepting() {
+        let (loop, source) = lock.withLock { (state.membership.loop, state.listener?.source) }
+        if let loop, let source { loop.rearm(source) }
     }
 
     /// Closes a connection the port gives up on, counts it in
@@ -570,6 +618,7 @@ public final class NetworkPort: @unchecked Sendable {
             }
         guard let taken else { return }
         sentinel.invalidate()
+        acceptPacing.timer.invalidate()
         stallSweep?.invalidate()
         if let listener = taken.listener { Self.close(listener.fd, source: listener.source) }
         for (fd, connection) in taken.connections {

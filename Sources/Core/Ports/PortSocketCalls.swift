@@ -60,11 +60,27 @@ enum PortSocketCalls {
         }
     }
 
-    /// A waiting connection, or nil when none waits (or accepting failed:
-    /// the listener stays, and the loop tries again on its next readiness).
-    static func accept(_ fd: Int32) -> Int32? {
-        let conn = cshims_port_accept(fd)
-        return conn >= 0 ? conn : nil
+    enum Accepted {
+        case connection(Int32)
+        /// None waits (or the listener was shut down).
+        case none
+        /// The process or the system is out of descriptors or memory
+        /// (errno `code`): the connection stays queued.
+        case exhausted(code: Int32)
+    }
+
+    /// A waiting connection, if any. A connection that failed before it was
+    /// accepted (ECONNABORTED, EPROTO, EPERM) is skipped.
+    static func accept(_ fd: Int32) -> Accepted {
+        while true {
+            let conn = cshims_port_accept(fd)
+            if conn >= 0 { return .connection(conn) }
+            switch -conn {
+            case ECONNABORTED, EPROTO, EPERM: continue
+            case EMFILE, ENFILE, ENOBUFS, ENOMEM: return .exhausted(code: -conn)
+            default: return .none
+            }
+        }
     }
 
     static func socketPair() throws(PortError) -> (Int32, Int32) {
