@@ -251,7 +251,11 @@ public final class RemotePort: @unchecked Sendable {
     /// in progress (it takes the request lock); stale at once, and orders
     /// nothing.
     public var sharedMemoryReplyBuffers: Int {
-        let link = lock.withLock { state.link }
+        // In a child that has not reconnected yet, the link is the parent's
+        // (whose request lock a parent thread may have held at the fork):
+        // none of its replies are this process's.
+        let link: Link? = lock.withLock { state.pid == getpid() ? state.link : nil }
+        guard let link else { return 0 }
         return link.requestLock.withLock { link.replyRingBuffers }
     }
 
