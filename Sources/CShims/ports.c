@@ -41,16 +41,46 @@ int cshims_port_listen(const char *name, size_t length, int backlog) {
     return fd;
 }
 
-int cshims_port_connect(const char *name, size_t length) {
+static int64_t monotonic_ns(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
+}
+
+int cshims_port_connect(const char *name, size_t length, int64_t timeout_ns) {
     struct sockaddr_un address;
     int size = abstract_address(&address, name, length);
     if (size < 0) return size;
-    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | (timeout_ns == 0 ? SOCK_NONBLOCK : 0), 0);
     if (fd < 0) return -errno;
+    // A listener whose backlog is full makes connect(2) wait for room; the
+    // kernel bounds that wait by SO_SNDTIMEO (unix_stream_connect), set here
+    // to what is left of the timeout before each try (EINTR tries again).
+    int64_t deadline = timeout_ns > 0 ? monotonic_ns() + timeout_ns : 0;
     int rc;
-    do {
+    for (;;) {
+        if (timeout_ns > 0) {
+            int64_t left = deadline - monotonic_ns();
+            if (left <= 0) {
+                rc = -1;
+                errno = EAGAIN;
+                break;
+            }
+            // Rounded up, and never zero: a zero SO_SNDTIMEO means no limit.
+            int64_t micros = (left + 999) / 1000;
+            struct timeval limit = {.tv_sec = (time_t)(micros / 1000000), .tv_usec = (suseconds_t)(micros % 1000000)};
+            if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit) < 0) {
+                rc = -1;
+                break;
+            }
+        }
         rc = connect(fd, (struct sockaddr *)&address, (socklen_t)size);
-    } while (rc < 0 && errno == EINTR);
+        if (rc == 0 || errno != EINTR) break;
+    }
+    if (rc == 0 && timeout_ns > 0) {
+        struct timeval none = {0, 0};
+        if (setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof none) < 0) rc = -1;
+    }
     if (rc < 0 || fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK) < 0) {
         int error = errno;
         close(fd);

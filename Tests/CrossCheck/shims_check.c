@@ -273,7 +273,7 @@ static void ports_named(void) {
     CHECK(cshims_port_listen(name, (size_t)length, 4) == -EADDRINUSE);
     CHECK(cshims_port_accept(listener) == -EAGAIN);
 
-    int client = cshims_port_connect(name, (size_t)length);
+    int client = cshims_port_connect(name, (size_t)length, -1);
     CHECK(client >= 0 && is_nonblocking_cloexec(client));
     CHECK(cshims_port_poll(listener, 1, 1000000000) == 1);
     int server = cshims_port_accept(listener);
@@ -291,7 +291,7 @@ static void ports_named(void) {
     CHECK(cshims_port_close(client) == 0 && cshims_port_close(server) == 0);
     CHECK(cshims_port_close(listener) == 0);
     // Freed with its socket: nobody holds the name now.
-    CHECK(cshims_port_connect(name, (size_t)length) == -ECONNREFUSED);
+    CHECK(cshims_port_connect(name, (size_t)length, -1) == -ECONNREFUSED);
 
     // The longest abstract name is 107 bytes (sun_path less its leading NUL).
     char longest[109];
@@ -299,7 +299,7 @@ static void ports_named(void) {
     snprintf(longest, 32, "spindle.long.%d.", (int)getpid());
     longest[strlen(longest)] = 'n';
     CHECK(cshims_port_listen(longest, 108, 1) == -ENAMETOOLONG);
-    CHECK(cshims_port_connect(longest, 108) == -ENAMETOOLONG);
+    CHECK(cshims_port_connect(longest, 108, -1) == -ENAMETOOLONG);
     int fits = cshims_port_listen(longest, 107, 1);
     CHECK(fits >= 0);
     if (fits >= 0) CHECK(cshims_port_close(fits) == 0);

@@ -255,6 +255,51 @@ struct LocalPortTests {
         port.invalidate()
     }
 
+    /// A handler that sends to its own port once the queue is full is
+    /// refused at once with `.fullQueueOnItsOwnLoop` (only its own thread
+    /// could make room), and so is any other send from the receiving loop's
+    /// thread; what fit is delivered, and the loop goes on.
+    @Test(arguments: availableBackends)
+    func aSendToItsOwnFullPortFromItsLoopIsRefused(kind: EventBackendKind) throws {
+        try onLoopThreadThrowing(kind) { loop in
+            let outcomes = LockedValue<[String]>([])
+            let delivered = LockedValue<[UInt32]>([])
+            let port = LocalPort(capacity: 2) { m in
+                delivered.withLock { $0.append(m.id) }
+                guard m.id == 1, let me = m.receivePort else { return }
+                for id: UInt32 in 10...12 {
+                    do throws(PortError) {
+                        // Without the refusal this would hold the loop for
+                        // the whole 5 s, then time out.
+                        try me.send(PortEnvelope(id: id), timeout: .seconds(5))
+                        outcomes.withLock { $0.append("\(id) queued") }
+                    } catch {
+                        outcomes.withLock { $0.append("\(id) \(error == .fullQueueOnItsOwnLoop(capacity: 2) ? "refused" : "\(error)")") }
+                    }
+                }
+            }
+            loop.add(port)
+            try port.send(PortEnvelope(id: 1), timeout: .zero)
+            #expect(run(loop) { delivered.withLock { $0.count == 3 } })
+            #expect(outcomes.withLock { $0 } == ["10 queued", "11 queued", "12 refused"])
+            #expect(delivered.withLock { $0 } == [1, 10, 11])
+            // Outside a handler, on the loop's thread, too.
+            try port.send(PortEnvelope(id: 20), timeout: .zero)
+            try port.send(PortEnvelope(id: 21), timeout: .zero)
+            #expect(throws: PortError.fullQueueOnItsOwnLoop(capacity: 2)) {
+                try port.send(PortEnvelope(id: 22), timeout: .seconds(5))
+            }
+            // Another thread waits as before, and times out.
+            let other = LockedValue<PortError?>(nil)
+            let join = startThread {
+                do throws(PortError) { try port.send(PortEnvelope(id: 23), timeout: .milliseconds(20)) } catch { other.withLock { $0 = error } }
+            }
+            join()
+            if case .timedOut? = other.withLock({ $0 }) {} else { Issue.record("another thread's send: \(String(describing: other.withLock { $0 }))") }
+            port.invalidate()
+        }
+    }
+
     /// A sender waiting on a full queue goes on as soon as the loop takes a
     /// message.
     @Test(arguments: availableBackends)

@@ -70,6 +70,39 @@ struct NamedPortTests {
         try owner.finish()
     }
 
+    /// An owner that never accepts fills its listener's backlog; lookups
+    /// past it wait in `connect` for room, and still give up at their
+    /// timeout with `.timedOut` instead of blocking for good.
+    @Test func lookupsOfAnOwnerThatNeverAcceptsTimeOut() throws {
+        let name = uniqueName("backlog")
+        let port = try NamedPort(name: name) { _ in nil }  // in no loop: nothing accepts
+        let outcomes = LockedValue<[String]>([])
+        let finished = Latch()
+        // Past the 128 the listener's backlog holds.
+        let lookups = 160
+        let join = startThread {
+            for _ in 0..<lookups {
+                do throws(PortError) {
+                    let remote = try RemotePort.lookup(name, timeout: .milliseconds(10))
+                    remote.invalidate()
+                    outcomes.withLock { $0.append("connected") }
+                } catch {
+                    if case .timedOut = error { outcomes.withLock { $0.append("timed out") } } else {
+                        outcomes.withLock { $0.append("\(error)") }
+                    }
+                }
+            }
+            finished.countDown()
+        }
+        // A blocked connect would keep the thread for good: 160 × 10 ms is
+        // what it should take; a minute is the give-up, after which closing
+        // the name wakes a blocked connect (ECONNREFUSED).
+        #expect(finished.wait(seconds: 60), "lookups blocked past their timeout")
+        port.invalidate()
+        join()
+        #expect(outcomes.withLock { $0 } == Array(repeating: "timed out", count: lookups))
+    }
+
     @Test func aTakenNameThrowsNameTaken() throws {
         let name = uniqueName("taken")
         let first = try NamedPort(name: name) { _ in nil }
@@ -271,7 +304,7 @@ struct NamedPortTests {
 
         func connectRaw() -> Int32 {
             let address = Array("spindle.\(geteuid()).\(name)".utf8)
-            let raw = address.withUnsafeBufferPointer { cshims_port_connect($0.baseAddress, $0.count) }
+            let raw = address.withUnsafeBufferPointer { cshims_port_connect($0.baseAddress, $0.count, -1) }
             var greeting = [UInt8](repeating: 0, count: 64)
             guard raw >= 0, cshims_port_poll(raw, 1, 5_000_000_000) == 1, read(raw, &greeting, 64) == 24 else { return -1 }
             return raw
@@ -403,7 +436,7 @@ struct NamedPortTests {
         let good = try RemotePort.lookup(name)
         // A raw connection: read the greeting, then send garbage.
         let address = Array("spindle.\(geteuid()).\(name)".utf8)
-        let raw = address.withUnsafeBufferPointer { cshims_port_connect($0.baseAddress, $0.count) }
+        let raw = address.withUnsafeBufferPointer { cshims_port_connect($0.baseAddress, $0.count, -1) }
         #expect(raw >= 0)
         #expect(cshims_port_poll(raw, 1, 5_000_000_000) == 1)
         var greeting = [UInt8](repeating: 0, count: 64)
@@ -489,6 +522,36 @@ struct NamedPortTests {
     @Test func aForkedChildSendsThroughARingOfItsOwn() async {
         await #expect(processExitsWith: .success) {
             exit(ringAcrossFork())
+        }
+    }
+
+    /// A parent and the child it forked make requests on one inherited
+    /// `RemotePort` at the same time: the child's first request makes a
+    /// connection of its own, and each process gets its own replies only.
+    @Test func aParentAndItsForkedChildGetOnlyTheirOwnReplies() async {
+        await #expect(processExitsWith: .success) {
+            exit(repliesAcrossFork())
+        }
+    }
+
+    /// A send right with no name to reconnect by (made by `makeSendRight()`,
+    /// or received in a message), used in a child after `fork()`, throws
+    /// `.inheritedAcrossFork` and sends nothing; the parent's connection
+    /// goes on.
+    @Test func anInheritedSendRightWithoutANameIsRefusedInTheChild() async {
+        await #expect(processExitsWith: .success) {
+            exit(unnamedRightAcrossFork())
+        }
+    }
+
+    /// A pre-fork server: 70 children (past the 64 rings one connection
+    /// may carry) send buffers of 20 KiB and more, one way and as requests,
+    /// on the port their parent looked up before forking. Nothing is lost,
+    /// the parent's connection survives, and once the children have exited
+    /// the owner has unmapped their rings.
+    @Test func seventyForkedChildrenSendLargeBuffersOnAnInheritedPort() async {
+        await #expect(processExitsWith: .success) {
+            exit(preForkServerSenders())
         }
     }
 
@@ -846,4 +909,194 @@ private func ringAcrossFork() -> Int32 {
     // from this process's ring twice, one from the child's.
     let code = waitFor(owner.pid)
     return code == 3 ? 0 : 100 + code
+}
+
+// MARK: - Ports across fork (each process keeps its own connection)
+
+/// Forks the owner of a named port `name` (a loop thread in a child of its
+/// own, so that the calling process starts no thread before it forks its
+/// senders); the owner exits once the connections have come and gone,
+/// with `exitCode()`. Returns the owner's pid and the caller's looked-up
+/// port, or nil.
+private func forkOwner(
+    _ name: String, handler: @escaping @Sendable (PortEnvelope) -> PortEnvelope?, exitCode: @escaping () -> Int32 = { 0 }
+) -> (pid: pid_t, remote: RemotePort)? {
+    let owner = forkGated {
+        guard let port = try? NamedPort(name: name, handler), let thread = try? LoopThread.start() else { return 20 }
+        thread.loop.add(port)
+        var connected = false
+        while true {
+            let count = port.connectionCount
+            if count > 0 { connected = true } else if connected { break }
+            usleep(1_000)
+        }
+        port.invalidate()
+        thread.stop()
+        return exitCode()
+    }
+    guard owner.pid > 0 else { return nil }
+    owner.go()
+    let deadline = MonotonicClock.now.advanced(by: .seconds(10))
+    while MonotonicClock.now < deadline {
+        if let found = try? RemotePort.lookup(name) { return (owner.pid, found) }
+        usleep(2_000)
+    }
+    return nil
+}
+
+/// Requests `count` echoes tagged `tag` on `remote`; true if every reply
+/// carried this process's own request back.
+private func echoes(_ remote: RemotePort, tag: String, count: Int) -> Bool {
+    for i in 0..<count {
+        let sent = "\(tag)-\(i)"
+        guard let reply = try? remote.sendRequest(
+            PortEnvelope(id: UInt32(i), components: [bytes(sent)]), timeout: .seconds(5), replyTimeout: .seconds(10)),
+            reply.id == UInt32(i), text(reply) == sent
+        else { return false }
+    }
+    return true
+}
+
+private func repliesAcrossFork() -> Int32 {
+    let name = uniqueName("replyfork")
+    guard let (ownerPID, remote) = forkOwner(name, handler: { m in PortEnvelope(id: m.id, components: m.components) }) else { return 2 }
+    guard echoes(remote, tag: "before", count: 3) else { return 3 }
+    let child = fork()
+    if child == 0 {
+        armHangAlarm(seconds: 60)
+        _exit(echoes(remote, tag: "child", count: 300) ? 0 : 4)
+    }
+    guard child > 0 else { return 5 }
+    let parentOK = echoes(remote, tag: "parent", count: 300)
+    let childStatus = waitFor(child)
+    guard parentOK else { return 6 }
+    guard childStatus == 0 else { return 10 + min(childStatus, 100) }
+    guard echoes(remote, tag: "after", count: 3) else { return 7 }
+    remote.invalidate()
+    let code = waitFor(ownerPID)
+    return code == 0 ? 0 : 150 + min(code, 100)
+}
+
+private func unnamedRightAcrossFork() -> Int32 {
+    // Unpublished and in no loop: messages wait in the socket, which is
+    // enough to see whose sends arrive.
+    let port = NamedPort { _ in nil }
+    guard let right = try? port.makeSendRight() else { return 2 }
+    guard (try? right.send(PortEnvelope(id: 1), timeout: .seconds(1))) != nil else { return 3 }
+    let child = fork()
+    if child == 0 {
+        armHangAlarm(seconds: 60)
+        do throws(PortError) {
+            try right.send(PortEnvelope(id: 2), timeout: .seconds(1))
+            _exit(4)
+        } catch {
+            guard error == .inheritedAcrossFork(nil) else { _exit(5) }
+        }
+        do throws(PortError) {
+            _ = try right.sendRequest(PortEnvelope(id: 3), timeout: .seconds(1), replyTimeout: .seconds(1))
+            _exit(6)
+        } catch {
+            guard error == .inheritedAcrossFork(nil) else { _exit(7) }
+        }
+        // Its own copy closes; the parent's connection stays.
+        right.invalidate()
+        _exit(0)
+    }
+    guard child > 0 else { return 8 }
+    let status = waitFor(child)
+    guard status == 0 else { return 10 + min(status, 100) }
+    guard (try? right.send(PortEnvelope(id: 4), timeout: .seconds(1))) != nil else { return 9 }
+    guard port.connectionCount == 1 else { return 120 }
+    port.invalidate()
+    return 0
+}
+
+/// The shared-memory rings mapped in this process (`/proc/self/maps`).
+private func mappedPortRings() -> Int {
+    let fd = open("/proc/self/maps", O_RDONLY)
+    guard fd >= 0 else { return -1 }
+    defer { close(fd) }
+    var text: [UInt8] = []
+    var chunk = [UInt8](repeating: 0, count: 64 << 10)
+    while true {
+        let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+        guard n > 0 else { break }
+        text += chunk[0..<n]
+    }
+    return String(decoding: text, as: UTF8.self).split(separator: "\n").filter { $0.contains("spindle.port.ring") }.count
+}
+
+private func preForkServerSenders() -> Int32 {
+    let name = uniqueName("prefork")
+    let children = 70
+    let oneWaySize = 24 << 10
+    let goodOneWay = LockedValue(0)
+    let badOneWay = LockedValue(0)
+    let handler: @Sendable (PortEnvelope) -> PortEnvelope? = { m in
+        switch m.id {
+        case 999:  // the parent's question: one-way buffers that arrived intact, rings mapped
+            let counts = [UInt32(goodOneWay.withLock { $0 }), UInt32(badOneWay.withLock { $0 }), UInt32(mappedPortRings())]
+            return PortEnvelope(id: 999, components: [.bytes(counts.withUnsafeBytes { Array($0) })])
+        case 5_000...:
+            let intact = ringTestHash(m) == ringTestHash(ringTestMessage(id: m.id, sizes: [oneWaySize]))
+            (intact ? goodOneWay : badOneWay).withLock { $0 += 1 }
+            return nil
+        default:  // a request: the hash of its buffers
+            let hash = ringTestHash(m)
+            return PortEnvelope(id: m.id, components: [.bytes(withUnsafeBytes(of: hash) { Array($0) })])
+        }
+    }
+    guard let (ownerPID, remote) = forkOwner(name, handler: handler) else { return 2 }
+    func exchange(_ id: UInt32, _ size: Int) -> Bool {
+        let message = ringTestMessage(id: id, sizes: [size])
+        guard let reply = try? remote.sendRequest(message, timeout: .seconds(10), replyTimeout: .seconds(30)),
+              let bytes = reply.components.first?.bytes, bytes.count == 8
+        else { return false }
+        return bytes.withUnsafeBytes { $0.load(as: UInt64.self) } == ringTestHash(message)
+    }
+    // The parent's own ring exists before the fork, as in a server that
+    // used the port while starting up.
+    guard exchange(1, 20 << 10) else { return 3 }
+    var pids: [pid_t] = []
+    for i in 0..<children {
+        let child = fork()
+        if child == 0 {
+            armHangAlarm(seconds: 120)
+            for k in 0..<2 {
+                let id = UInt32(5_000 + 2 * i + k)
+                guard (try? remote.send(ringTestMessage(id: id, sizes: [oneWaySize]), timeout: .seconds(10))) != nil else { _exit(4) }
+            }
+            _exit(exchange(UInt32(1_000 + i), 16 << 10) ? 0 : 5)
+        }
+        guard child > 0 else { return 6 }
+        pids.append(child)
+    }
+    var failed: Int32 = 0
+    for pid in pids {
+        let status = waitFor(pid)
+        if status != 0 && failed == 0 { failed = status }
+    }
+    guard failed == 0 else { return 10 + min(failed, 100) }
+    // The parent's connection is whole: its requests still go through.
+    guard exchange(2, 1 << 20) else { return 7 }
+    // Every one-way buffer arrived intact; the children's rings go as
+    // their connections close (the owner's loop sees each close on its own
+    // pass): only the parent's stays.
+    var last: [UInt32] = []
+    let deadline = MonotonicClock.now.advanced(by: .seconds(20))
+    while MonotonicClock.now < deadline {
+        guard let reply = try? remote.sendRequest(PortEnvelope(id: 999), timeout: .seconds(5), replyTimeout: .seconds(10)),
+              let b = reply.components.first?.bytes, b.count == 12
+        else { return 8 }
+        last = b.withUnsafeBytes { Array($0.bindMemory(to: UInt32.self)) }
+        if last == [UInt32(2 * children), 0, 1] { break }
+        usleep(10_000)
+    }
+    guard last.count == 3 else { return 9 }
+    guard last[0] == UInt32(2 * children) else { return 60 + Int32(min(last[0], 29)) }
+    guard last[1] == 0 else { return 90 }
+    guard last[2] == 1 else { return 100 + Int32(min(last[2], 49)) }
+    remote.invalidate()
+    let code = waitFor(ownerPID)
+    return code == 0 ? 0 : 150 + min(code, 100)
 }

@@ -190,6 +190,253 @@ private func closedByPeer(_ fd: Int32, before deadline: MonotonicClock.Instant, 
     return false
 }
 
+/// A Spindle request frame with message id `id`, sequence `sequence` and
+/// no components.
+private func requestFrame(id: UInt32, sequence: UInt64) -> [UInt8] {
+    littleEndian(24) + littleEndian(0x504E_5053) + [1, 0, 0, 0] + littleEndian(id) + littleEndian(0)
+        + withUnsafeBytes(of: sequence.littleEndian) { Array($0) }
+}
+
+/// Reads `count` frames from a raw connection (waiting up to 10 s for
+/// each read); returns their message ids, or nil if the stream ended or
+/// stalled first.
+private func readFrameIDs(_ fd: Int32, count: Int) -> [UInt32]? {
+    var buffered: [UInt8] = []
+    var ids: [UInt32] = []
+    var chunk = [UInt8](repeating: 0, count: 64 << 10)
+    while ids.count < count {
+        if buffered.count >= 4 {
+            let length = Int(buffered.withUnsafeBytes { $0.loadUnaligned(as: UInt32.self) }.littleEndian)
+            if buffered.count >= 4 + length, length >= 24 {
+                ids.append(buffered.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: 12, as: UInt32.self) }.littleEndian)
+                buffered.removeFirst(4 + length)
+                continue
+            }
+        }
+        guard cshims_port_poll(fd, 1, 10_000_000_000) == 1 else { return nil }
+        let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+        if n > 0 { buffered += chunk[0..<n] } else if n == 0 || errno != EAGAIN { return nil }
+    }
+    return ids
+}
+
+/// Writes all of `bytes` to a raw non-blocking connection, waiting for
+/// room (10 s at most per wait); false if the peer closed it or it stayed
+/// full. Never raises SIGPIPE.
+private func writeFully(_ fd: Int32, _ bytes: ArraySlice<UInt8>) -> Bool {
+    var sent = 0
+    while sent < bytes.count {
+        let rc = bytes.withUnsafeBytes { cshims_port_stream_send(fd, $0.baseAddress! + sent, $0.count - sent) }
+        if rc > 0 {
+            sent += rc
+        } else if rc == -Int(EAGAIN) {
+            guard cshims_port_poll(fd, 2, 10_000_000_000) == 1 else { return false }
+        } else {
+            return false
+        }
+    }
+    return true
+}
+
+@Suite("NetworkPort memory under slow senders")
+struct NetworkPortMemoryTests {
+    /// A frame announcing 8 MiB whose header is garbage is closed as soon
+    /// as the header is in, not after 8 MiB (nor the stall limit, off here).
+    @Test(arguments: availableBackends)
+    func aBadHeaderIsRefusedBeforeTheFrameArrives(kind: EventBackendKind) throws {
+        let drops = LockedValue<[PortError]>([])
+        let networkPort = try NetworkPort(stallLimit: nil) { _ in nil }
+        networkPort.onDroppedConnection { error in drops.withLock { $0.append(error) } }
+        let listener = try Listener(networkPort, backend: kind)
+        let raw = rawConnection(listener.port.port)
+        #expect(raw >= 0)
+        #expect(writeAll(raw, littleEndian(8 << 20) + littleEndian(0xDEAD_BEEF) + [UInt8](repeating: 0, count: 20)))
+        #expect(closedByPeer(raw, before: MonotonicClock.now + .seconds(10)) {})
+        close(raw)
+        #expect(eventually { listener.port.malformedFrames == 1 })
+        #expect(eventually { drops.withLock { $0 } == [.malformed("bad magic number")] }, "\(drops.withLock { $0 })")
+        try listener.finish()
+    }
+
+    /// Three slow senders each start a frame of 600 KiB; once they hold
+    /// more than the port's 1 MiB limit together, the one holding the most
+    /// is closed (`.partialFramesOverLimit`) and the other two finish their
+    /// frames, which arrive whole.
+    @Test(arguments: availableBackends)
+    func partialFramesPastTheLimitDropTheLargestHolder(kind: EventBackendKind) throws {
+        let drops = LockedValue<[PortError]>([])
+        let got = LockedValue<[UInt32]>([])
+        let networkPort = try NetworkPort(stallLimit: nil, partialFrameMemoryLimit: 1 << 20) { m in
+            got.withLock { $0.append(m.id) }
+            return nil
+        }
+        #expect(networkPort.partialFrameMemoryLimit == 1 << 20)
+        networkPort.onDroppedConnection { error in drops.withLock { $0.append(error) } }
+        let listener = try Listener(networkPort, backend: kind)
+        let payload = 600 << 10
+        // A one-way frame of id `id` with one inline buffer of `payload` bytes.
+        func frame(id: UInt32) -> [UInt8] {
+            let record = littleEndian(0x504E_5053) + [0, 0, 0, 0] + littleEndian(id) + littleEndian(1) + [UInt8](repeating: 0, count: 8)
+                + [0, 0, 0, 0] + littleEndian(UInt32(payload)) + [UInt8](repeating: UInt8(id), count: payload)
+            return littleEndian(UInt32(record.count)) + record
+        }
+        let (a, c, b) = (frame(id: 1), frame(id: 3), frame(id: 2))
+        let rawA = rawConnection(listener.port.port), rawB = rawConnection(listener.port.port), rawC = rawConnection(listener.port.port)
+        #expect(rawA >= 0 && rawB >= 0 && rawC >= 0)
+        #expect(writeFully(rawA, a[0..<(300 << 10)]))
+        #expect(eventually { listener.port.partialFrameBytes >= 300 << 10 })
+        #expect(writeFully(rawC, c[0..<(300 << 10)]))
+        #expect(eventually { listener.port.partialFrameBytes >= 600 << 10 })
+        // Past 424 KiB of B's frame the three hold more than 1 MiB, and B
+        // holds the most.
+        // Its write may fail part way: the port closes it mid-frame.
+        _ = writeFully(rawB, b[0..<(580 << 10)])
+        #expect(closedByPeer(rawB, before: MonotonicClock.now + .seconds(10)) {})
+        close(rawB)
+        #expect(eventually { drops.withLock { $0.count } == 1 })
+        if case .partialFramesOverLimit(let mine, let total, let limit)? = drops.withLock({ $0.first }) {
+            #expect(limit == 1 << 20 && total > limit && mine > 300 << 10)
+        } else {
+            Issue.record("dropped: \(drops.withLock { $0 })")
+        }
+        #expect(listener.port.partialFrameBytes <= 1 << 20)
+        // A, then C, finish (one at a time: together, part way, they too
+        // would pass the limit); each frame arrives whole.
+        #expect(writeFully(rawA, a[(300 << 10)...]))
+        #expect(eventually { got.withLock { $0 } == [1] })
+        #expect(writeFully(rawC, c[(300 << 10)...]))
+        #expect(eventually { got.withLock { $0.sorted() } == [1, 3] })
+        #expect(drops.withLock { $0.count } == 1, "\(drops.withLock { $0 })")
+        close(rawA)
+        close(rawC)
+        try listener.finish()
+    }
+}
+
+@Suite("NetworkPort out of descriptors")
+struct NetworkPortDescriptorExhaustionTests {
+    /// In a child process: with every descriptor taken, a waiting connection
+    /// makes `accept` fail with EMFILE; the port does not spin on its
+    /// readable listener (a few paced retries, not a busy loop), reports it
+    /// once, and accepts the connection once descriptors are free again.
+    @Test func outOfDescriptorsTheListenerBacksOffAndRecoversOnEpoll() async {
+        await #expect(processExitsWith: .success) {
+            exit(acceptOutOfDescriptors(.epoll))
+        }
+    }
+
+    @Test(.enabled(if: availableBackends.contains(.ioUring), "io_uring is refused here"))
+    func outOfDescriptorsTheListenerBacksOffAndRecoversOnIoUring() async {
+        await #expect(processExitsWith: .success) {
+            exit(acceptOutOfDescriptors(.ioUring))
+        }
+    }
+}
+
+private func acceptOutOfDescriptors(_ kind: EventBackendKind) -> Int32 {
+    let reports = LockedValue<[PortError]>([])
+    guard let port = try? NetworkPort({ m in PortEnvelope(id: m.id + 1) }), let listener = try? Listener(port, backend: kind) else { return 1 }
+    port.onDroppedConnection { error in reports.withLock { $0.append(error) } }
+    // Take every descriptor but one, which the client's socket takes.
+    var fillers: [Int32] = []
+    while true {
+        let fd = dup(0)
+        if fd < 0 { break }
+        fillers.append(fd)
+    }
+    guard errno == EMFILE, let spare = fillers.popLast() else { return 2 }
+    close(spare)
+    // TCP completes the handshake without the owner's accept.
+    guard let remote = try? RemotePort.connect(host: "127.0.0.1", port: port.port) else { return 3 }
+    // A spinning listener would fail accept hundreds of thousands of times
+    // meanwhile; the back-off tries a handful (10, 20, 40 ... ms).
+    usleep(300_000)
+    let failures = port.exhaustedAccepts
+    guard failures >= 1 else { return 4 }
+    guard failures < 50 else { return 5 }
+    guard reports.withLock({ $0 }) == [.system(SystemCallError(call: "accept", code: EMFILE))] else { return 6 }
+    guard port.connectionCount == 0 else { return 7 }
+    for fd in fillers { close(fd) }
+    guard let reply = try? remote.sendRequest(PortEnvelope(id: 4), timeout: .seconds(5), replyTimeout: .seconds(10)), reply.id == 5 else {
+        return 8
+    }
+    guard port.connectionCount == 1, reports.withLock({ $0.count }) == 1 else { return 9 }
+    remote.invalidate()
+    guard (try? listener.finish()) != nil else { return 10 }
+    return 0
+}
+
+@Suite("NetworkPort slow requesters")
+struct NetworkPortSlowRequesterTests {
+    /// A requester that sends 64 requests for 256 KiB replies and never
+    /// reads does not hold up the loop: another sender's requests are
+    /// answered meanwhile, and once a MiB of replies waits for the
+    /// non-reader its connection is closed and reported as
+    /// `.replyBacklogExceeded`; the other sender goes on.
+    @Test(arguments: availableBackends)
+    func aRequesterThatDoesNotReadIsClosedAndHoldsUpNobody(kind: EventBackendKind) throws {
+        let drops = LockedValue<[PortError]>([])
+        let big = [UInt8](repeating: 0x5A, count: 256 << 10)
+        let networkPort = try NetworkPort(replyBacklogLimit: 1 << 20) { m in
+            m.id >= 1_000_000 ? PortEnvelope(id: m.id, components: [.bytes(big)]) : PortEnvelope(id: m.id + 1)
+        }
+        #expect(networkPort.replyBacklogLimit == 1 << 20)
+        networkPort.onDroppedConnection { error in drops.withLock { $0.append(error) } }
+        let listener = try Listener(networkPort, backend: kind)
+        let good = try RemotePort.connect(host: "127.0.0.1", port: listener.port.port)
+        var nextID: UInt32 = 0
+        func exchange() throws {
+            nextID += 2
+            let reply = try good.sendRequest(PortEnvelope(id: nextID), timeout: .seconds(5), replyTimeout: .seconds(10))
+            #expect(reply.id == nextID + 1)
+        }
+        try exchange()
+        let hog = rawConnection(listener.port.port)
+        #expect(hog >= 0)
+        let requests = (0..<64).flatMap { requestFrame(id: 1_000_000 + UInt32($0), sequence: UInt64($0 + 1)) }
+        #expect(writeAll(hog, requests))
+        // Without the queue each blocked reply held the loop for a second,
+        // and the connection was dropped for a timed-out send instead.
+        let deadline = MonotonicClock.now + .seconds(20)
+        while drops.withLock({ $0.isEmpty }) && MonotonicClock.now < deadline {
+            try exchange()
+            usleep(10_000)
+        }
+        close(hog)
+        #expect(drops.withLock { $0.count } == 1)
+        let reasons = drops.withLock { $0 }
+        if case .replyBacklogExceeded(let bytes, let limit)? = reasons.first {
+            #expect(limit == 1 << 20 && bytes > limit)
+        } else {
+            Issue.record("dropped for \(reasons)")
+        }
+        #expect(listener.port.malformedFrames == 0)
+        try exchange()
+        good.invalidate()
+        try listener.finish()
+    }
+
+    /// A requester that sends 12 requests for 256 KiB replies at once and
+    /// only then reads gets all 3 MiB, in order: what its socket did not
+    /// take waited on the connection (under the default 4 MiB limit).
+    @Test(arguments: availableBackends)
+    func repliesQueuedForASlowReaderAllArriveInOrder(kind: EventBackendKind) throws {
+        let big = [UInt8](repeating: 0x33, count: 256 << 10)
+        let drops = LockedValue<[PortError]>([])
+        let networkPort = try NetworkPort { m in PortEnvelope(id: m.id, components: [.bytes(big)]) }
+        networkPort.onDroppedConnection { error in drops.withLock { $0.append(error) } }
+        let listener = try Listener(networkPort, backend: kind)
+        let slow = rawConnection(listener.port.port)
+        #expect(slow >= 0)
+        #expect(writeAll(slow, (0..<12).flatMap { requestFrame(id: 500 + UInt32($0), sequence: UInt64($0 + 1)) }))
+        usleep(100_000)  // let the replies pile up; the test holds whatever the timing
+        #expect(readFrameIDs(slow, count: 12) == (0..<12).map { 500 + UInt32($0) })
+        close(slow)
+        #expect(drops.withLock { $0 }.isEmpty)
+        try listener.finish()
+    }
+}
+
 @Suite("NetworkPort stalled frames")
 struct NetworkPortStallTests {
     /// A sender that announces a 16 MiB frame, sends ten bytes of it and
@@ -344,6 +591,66 @@ private func canMakeNetworkNamespaces() -> Bool {
     guard geteuid() == 0 else { return false }
     let probe = "spindle-probe-\(getpid())"
     return system("ip netns add \(probe) >/dev/null 2>&1 && ip netns del \(probe) >/dev/null 2>&1") == 0
+}
+
+@Suite("NetworkPort across fork")
+struct NetworkPortForkTests {
+    /// A parent and the child it forked make requests on one inherited TCP
+    /// `RemotePort` at the same time: the child connects again on its first
+    /// request, and each gets only its own replies.
+    @Test func aParentAndItsForkedChildGetOnlyTheirOwnReplies() async {
+        await #expect(processExitsWith: .success) {
+            exit(tcpRepliesAcrossFork())
+        }
+    }
+}
+
+/// Requests `count` echoes tagged `tag`; true if every reply carried this
+/// process's own request back.
+private func tcpEchoes(_ remote: RemotePort, tag: String, count: Int) -> Bool {
+    for i in 0..<count {
+        let sent = Array("\(tag)-\(i)".utf8)
+        guard let reply = try? remote.sendRequest(
+            PortEnvelope(id: UInt32(i), components: [.bytes(sent)]), timeout: .seconds(5), replyTimeout: .seconds(10)),
+            reply.id == UInt32(i), reply.components.first?.bytes == sent
+        else { return false }
+    }
+    return true
+}
+
+private func tcpRepliesAcrossFork() -> Int32 {
+    // Made here, received by a child of its own: this process starts no
+    // thread before it forks, and never accepts on its copy of the listener.
+    guard let port = try? NetworkPort({ m in PortEnvelope(id: m.id, components: m.components) }) else { return 1 }
+    let go = Step()
+    let owner = forkWaiting(for: go) {
+        guard let thread = try? LoopThread.start() else { return 20 }
+        thread.loop.add(port)
+        while true { pause() }
+    }
+    guard owner > 0 else { return 2 }
+    defer {
+        kill(owner, SIGKILL)
+        var status: Int32 = 0
+        _ = waitpid(owner, &status, 0)
+    }
+    go.signal()
+    guard let remote = try? RemotePort.connect(host: "127.0.0.1", port: port.port) else { return 3 }
+    guard tcpEchoes(remote, tag: "before", count: 3) else { return 4 }
+    let child = fork()
+    if child == 0 {
+        alarm(60)
+        _exit(tcpEchoes(remote, tag: "child", count: 300) ? 0 : 5)
+    }
+    guard child > 0 else { return 6 }
+    let parentOK = tcpEchoes(remote, tag: "parent", count: 300)
+    var status: Int32 = 0
+    guard waitpid(child, &status, 0) == child else { return 7 }
+    guard parentOK else { return 8 }
+    guard status == 0 else { return 10 + min((status >> 8) & 0xff, 100) }
+    guard tcpEchoes(remote, tag: "after", count: 3) else { return 9 }
+    remote.invalidate()
+    return 0
 }
 
 @Suite("NetworkPort between two hosts")

@@ -19,11 +19,14 @@ enum { CSHIMS_PORT_MAX_FDS = 253 };
 // socket holds the name; -ENAMETOOLONG when it does not fit in sun_path.
 int cshims_port_listen(const char *name, size_t length, int backlog);
 
-// socket(2) and connect(2) to the abstract-namespace name, as above; the
-// connect itself blocks (a Unix-domain connect completes at once unless the
-// listener's backlog is full). Returns the connected descriptor, made
-// non-blocking; -ECONNREFUSED when nobody holds the name.
-int cshims_port_connect(const char *name, size_t length);
+// socket(2) and connect(2) to the abstract-namespace name, as above. A
+// Unix-domain connect completes at once unless the listener's backlog is
+// full; then it waits for room at most `timeout_ns` (0: not at all; -1: no
+// limit), through SO_SNDTIMEO, which the kernel's wait honours. Returns the
+// connected descriptor, made non-blocking (SO_SNDTIMEO cleared);
+// -ECONNREFUSED when nobody holds the name; -EAGAIN when the backlog stayed
+// full for the whole timeout.
+int cshims_port_connect(const char *name, size_t length, int64_t timeout_ns);
 
 // accept4(2). Returns the new connection, or -EAGAIN when none is waiting.
 int cshims_port_accept(int fd);

@@ -1,3 +1,5 @@
+import CShims
+
 /// An in-process port: the guide's Mach port between threads (Foundation's
 /// `NSMachPort`, which Linux lacks). Any thread sends it messages
 /// (`PortEnvelope`); the thread whose `ThreadLoop` it was added to receives
@@ -41,7 +43,10 @@
 ///
 /// The queue holds at most `capacity` messages. A send to a full queue
 /// waits, on a futex, until the loop takes one or the send's deadline
-/// passes (`PortError.timedOut`); with a zero timeout it never waits. The
+/// passes (`PortError.timedOut`); with a zero timeout it never waits. A
+/// send from the receiving loop's own thread (a handler answering itself)
+/// never waits: on a full queue it throws `PortError.fullQueueOnItsOwnLoop`
+/// at once, as `WorkQueue.sync` refuses a sync onto its own queue. The
 /// handler runs on the loop's thread and blocks only that loop.
 ///
 /// ## Invalidation
@@ -92,6 +97,9 @@ public final class LocalPort: @unchecked Sendable {
         var waitingSenders = 0
         /// The loop that receives the port, once added to one.
         var claimedLoop: ObjectIdentifier?
+        /// That loop's thread (`ThreadLoop.ownerThreadID`): a send from it
+        /// to a full queue would wait for itself.
+        var receivingThread: Int32?
         /// How many of the loop's modes hold the port's source; while any
         /// does, `keepAlive` holds the port (the loop keeps it alive).
         var scheduledModes = 0
@@ -147,8 +155,12 @@ public final class LocalPort: @unchecked Sendable {
     /// - Throws: `PortError.messageTooLarge` or `.tooManyComponents` if the
     ///   envelope is over its limits (checked first); `.invalidated` if the
     ///   port is or becomes invalid before the message is queued;
-    ///   `.timedOut` if the queue stayed full. Nothing is queued when it
-    ///   throws.
+    ///   `.timedOut` if the queue stayed full;
+    ///   `.fullQueueOnItsOwnLoop` at once, without waiting, if the queue is
+    ///   full and the caller is the thread of the loop that receives the
+    ///   port (its handler sending to its own port, say): only that thread
+    ///   makes room, so the wait would never end before the deadline. Nothing
+    ///   is queued when it throws.
     public func send(_ message: PortEnvelope, timeout: Duration) throws(PortError) {
         require(timeout >= .zero, "LocalPort.send: `timeout` is \(timeout); it cannot be negative")
         try send(message, before: MonotonicClock.now.advanced(by: timeout))
@@ -178,6 +190,13 @@ public final class LocalPort: @unchecked Sendable {
             if MonotonicClock.now >= deadline {
                 lock.unlock()
                 throw .timedOut(after: MonotonicClock.now - start)
+            }
+            // Only the receiving loop's thread makes room: waiting on that
+            // thread (its handler sending to its own port, say) would hold
+            // the loop for the whole timeout, or for ever.
+            if let receiver = state.receivingThread, receiver == cshims_gettid() {
+                lock.unlock()
+                throw .fullQueueOnItsOwnLoop(capacity: capacity)
             }
             state.waitingSenders += 1
             _ = roomOrInvalid.wait(releasing: lock, until: deadline)
@@ -216,7 +235,10 @@ public final class LocalPort: @unchecked Sendable {
     /// is received by one thread.
     public func schedule(in loop: ThreadLoop, forMode mode: LoopMode = .default) {
         let mine = lock.withLock {
-            if state.claimedLoop == nil { state.claimedLoop = ObjectIdentifier(loop) }
+            if state.claimedLoop == nil {
+                state.claimedLoop = ObjectIdentifier(loop)
+                state.receivingThread = loop.ownerThreadID
+            }
             return state.claimedLoop == ObjectIdentifier(loop)
         }
         require(mine, "LocalPort.schedule(in:forMode:): the port is already received by another loop; a port is received by one loop")

@@ -111,6 +111,9 @@ public final class NamedPort: @unchecked Sendable {
     /// Keeps the loop's modes from missing the loop's death: its `cancel`
     /// runs as the thread exits.
     private let sentinel: LoopSource
+    /// Re-arms the listener after `accept` ran out of descriptors
+    /// (`PortAcceptPacing`).
+    private let acceptPacing: PortAcceptPacing
 
     private struct State {
         var valid = true
@@ -140,10 +143,13 @@ public final class NamedPort: @unchecked Sendable {
         self.access = access
         self.handler = handler
         let reference = NamedPortReference()
+        acceptPacing = PortAcceptPacing { reference.port?.resumeAccepting() }
         sentinel = Self.makeSentinel(reference)
         // The listener's source holds the port (and the port the source)
         // until invalidation: a published name is given back explicitly.
-        state.listener = (fd, LoopSource(descriptor: fd) { _, _ in self.acceptWaiting() })
+        // Re-armed by hand: not while `accept` finds no descriptor to take
+        // the connection with (`PortAcceptPacing`).
+        state.listener = (fd, LoopSource(descriptor: fd, rearmsManually: true) { _, _ in self.acceptWaiting() })
         reference.port = self
     }
 
@@ -154,6 +160,7 @@ public final class NamedPort: @unchecked Sendable {
         access = .sameUser
         self.handler = handler
         let reference = NamedPortReference()
+        acceptPacing = PortAcceptPacing { reference.port?.resumeAccepting() }
         sentinel = Self.makeSentinel(reference)
         reference.port = self
     }
@@ -195,6 +202,11 @@ public final class NamedPort: @unchecked Sendable {
     /// could not be sent. Not for a peer that closes its end, nor for the
     /// port's own invalidation, nor for a refused user (counted in
     /// `refusedConnections`). Handlers run in the order added; add them
+    /// Also told, once per run of failures, `.system` for an `accept` that
+    /// found the process or system out of descriptors or memory: no
+    /// connection closes then (it waits in the kernel's backlog), and the
+    /// port stops watching its listener, retrying after a back-off of 10 ms
+    /// doubling to 1 s, so it never spins (`exhaustedAccepts` counts them).
     /// before the port starts receiving to see every closing. Any thread;
     /// takes the port's lock briefly and never blocks otherwise. A handler
     /// that blocks holds up the port's loop.
@@ -220,6 +232,7 @@ public final class NamedPort: @unchecked Sendable {
         guard let sources else { return }
         require(!sources.isEmpty, "NamedPort.schedule(in:forMode:): the port is already received by another loop; a port is received by one loop")
         for s in sources { loop.add(s, forMode: mode) }
+        loop.add(acceptPacing.timer, forMode: mode)
         if loop.ownerThreadHasExited { invalidate() }
     }
 
@@ -229,6 +242,7 @@ public final class NamedPort: @unchecked Sendable {
             state.membership.leave(loop, forMode: mode) ? allSources() : []
         }
         for s in sources { loop.remove(s, forMode: mode) }
+        loop.remove(acceptPacing.timer, forMode: mode)
     }
 
     /// The sentinel, the listener's source and the connections'. Under `lock`.
@@ -283,7 +297,16 @@ public final class NamedPort: @unchecked Sendable {
     private func acceptWaiting() {
         guard let listener = lock.withLock({ state.listener?.fd }) else { return }
         while true {
-            guard let fd = PortSocketCalls.accept(listener) else { return }
+            let fd: Int32
+            switch PortSocketCalls.accept(listener) {
+            case .connection(let accepted):
+                fd = accepted
+                acceptPacing.accepted()
+            case .none:
+                return finishAccepting(exhausted: nil)
+            case .exhausted(let code):
+                return finishAccepting(exhausted: code)
+            }
             let admitted = (try? PortSocketCalls.peerUID(fd)).map(access.admits) ?? false
             guard admitted else {
                 lock.withLock { state.refused += 1 }
@@ -300,6 +323,31 @@ public final class NamedPort: @unchecked Sendable {
                 drop(fd, reason: error)
             }
         }
+    }
+
+    /// Accepts that failed because the process or the system was out of
+    /// descriptors or memory; each run of them was reported once to the
+    /// drop handlers. Any thread; takes a short lock; stale at once.
+    public var exhaustedAccepts: Int { acceptPacing.failureCount }
+
+    /// The accept handler's end: re-arms the listener, unless `accept` ran
+    /// out of descriptors (errno `code`), which leaves it unarmed until
+    /// `acceptPacing`'s timer (reporting the first failure of a run).
+    private func finishAccepting(exhausted code: Int32?) {
+        let (loop, source, handlers) = lock.withLock { (state.membership.loop, state.listener?.source, state.dropHandlers) }
+        guard let code else {
+            if let loop, let source { loop.rearm(source) }
+            return
+        }
+        if acceptPacing.exhausted() {
+            for handler in handlers { handler(.system(SystemCallError(call: "accept", code: code))) }
+        }
+    }
+
+    /// `acceptPacing`'s timer: watch the listener again.
+    fileprivate func resumeAccepting() {
+        let (loop, source) = lock.withLock { (state.membership.loop, state.listener?.source) }
+        if let loop, let source { loop.rearm(source) }
     }
 
     /// Receives one message from a connection and hands it to the handler
@@ -379,6 +427,7 @@ public final class NamedPort: @unchecked Sendable {
             }
         guard let taken else { return }
         sentinel.invalidate()
+        acceptPacing.timer.invalidate()
         // Shut down before closing: the loop's event backend may hold the
         // sockets open until its next pass (an armed io_uring poll keeps a
         // reference), and the name and the connections must end now: a

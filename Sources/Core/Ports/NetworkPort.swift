@@ -41,6 +41,17 @@
 /// bytes keep coming is not either: the limit is on silence, not on the
 /// frame's total time. A `nil` limit turns the check off.
 ///
+/// ## Memory under slow senders
+///
+/// A frame's header is checked as soon as its first bytes arrive (its
+/// length, and for Spindle's frames the record's magic number, kind and
+/// component count), so a peer announcing a large frame of garbage is
+/// closed before anything is buffered for it. The partial frames of all
+/// connections together hold at most `partialFrameMemoryLimit` bytes (64
+/// MiB unless given at creation): a read that takes them past it closes
+/// the connections holding the most, largest first, until the rest fit
+/// (`.partialFramesOverLimit`); the others go on.
+///
 /// ## Foundation's `SocketPort`
 ///
 /// Made with `wireFormat: .foundationSocketPort`, the port speaks the
@@ -69,8 +80,13 @@
 ///
 /// ## Blocking, invalidation, lifetime
 ///
-/// As for `NamedPort`: the port is one loop's; a reply waits at most one
-/// second for room; `invalidate()` or the exit of the loop's thread closes
+/// As for `NamedPort`: the port is one loop's. A reply never waits on the
+/// loop's thread: what the requester's socket does not take at once is
+/// queued on its connection and written as the socket drains, so a
+/// requester that stops reading holds up only itself; once
+/// `replyBacklogLimit` bytes wait, its next reply closes the connection
+/// (reported to `onDroppedConnection` as `.replyBacklogExceeded`).
+/// `invalidate()` or the exit of the loop's thread closes
 /// the listener and every connection (senders get `.peerGone`) and runs
 /// the `onInvalidation` handlers; until then the port lives and keeps its
 /// address. Thread-safe; `Sendable`. Adding it to a second loop is a
@@ -93,6 +109,16 @@ public final class NetworkPort: @unchecked Sendable {
     /// byte before the port closes it; nil: as long as it likes. The
     /// type's documentation says how it is checked.
     public let stallLimit: Duration?
+    /// How many reply bytes a connection may have waiting for its
+    /// requester to read before the port closes it (`.replyBacklogExceeded`).
+    /// A reply is queued while fewer than this many wait, so one reply of
+    /// any size always fits.
+    public let replyBacklogLimit: Int
+    /// The most memory all connections together may hold in partial frames
+    /// (frames whose bytes are still arriving). Past it, the connections
+    /// holding the most are closed, largest first, until the rest fit,
+    /// each reported as `.partialFramesOverLimit`.
+    public let partialFrameMemoryLimit: Int
     let handler: @Sendable (PortEnvelope) -> PortEnvelope?
 
     private let lock = Lock()
@@ -100,6 +126,9 @@ public final class NetworkPort: @unchecked Sendable {
     /// Where the loop's thread reads into: 64 KiB per read.
     private let chunk = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 << 10, alignment: 8)
     private let sentinel: LoopSource
+    /// Re-arms the listener after `accept` ran out of descriptors
+    /// (`PortAcceptPacing`).
+    private let acceptPacing: PortAcceptPacing
     /// Closes stalled connections (`dropStalled`); due when the earliest
     /// partial frame could pass `stallLimit`, in the far future while none
     /// is buffered. Nil without a limit.
@@ -110,6 +139,14 @@ public final class NetworkPort: @unchecked Sendable {
         var frames: PortWire.FrameReader
         /// When the connection's last bytes arrived.
         var lastBytes = MonotonicClock.now
+        /// Reply bytes not yet written (the socket buffer was full), from
+        /// `outboxStart` on; written as the socket drains.
+        var outbox: [UInt8] = []
+        var outboxStart = 0
+        /// Watches for room while `outbox` holds bytes; nil otherwise.
+        var writer: LoopSource?
+
+        var queuedReplyBytes: Int { outbox.count - outboxStart }
     }
 
     private struct State {
@@ -129,18 +166,28 @@ public final class NetworkPort: @unchecked Sendable {
     /// added to a loop; what `handler` returns answers a request (ignored
     /// in `.foundationSocketPort` format, which has none). A connection
     /// that holds part of a frame and sends nothing for longer than
-    /// `stallLimit` is closed (nil: never). Never blocks.
+    /// `stallLimit` is closed (nil: never). A connection with
+    /// `replyBacklogLimit` bytes of replies or more waiting for its
+    /// requester to read is closed at its next reply (4 MiB by default).
+    /// Partial frames of all connections together may hold at most
+    /// `partialFrameMemoryLimit` bytes (64 MiB by default); past it the
+    /// largest holders are closed. Never blocks.
     ///
-    /// Misuse: a `stallLimit` of zero or less is a precondition failure.
+    /// Misuse: a `stallLimit`, `replyBacklogLimit` or
+    /// `partialFrameMemoryLimit` of zero or less is a precondition failure.
     ///
     /// - Throws: `.nameTaken` if the address is in use; `.system` for an
     ///   address that is not a dotted IPv4 address, or one the kernel
     ///   refuses.
     public init(
         host: String = "127.0.0.1", port: UInt16 = 0, wireFormat: PortWireFormat = .spindle,
-        stallLimit: Duration? = .seconds(30),
+        stallLimit: Duration? = .seconds(30), replyBacklogLimit: Int = 4 << 20, partialFrameMemoryLimit: Int = 64 << 20,
         _ handler: @escaping @Sendable (PortEnvelope) -> PortEnvelope?
     ) throws(PortError) {
+        require(replyBacklogLimit > 0, "NetworkPort.init: `replyBacklogLimit` is \(replyBacklogLimit); it must be positive")
+        require(
+            partialFrameMemoryLimit > 0,
+            "NetworkPort.init: `partialFrameMemoryLimit` is \(partialFrameMemoryLimit); it must be positive")
         if let stallLimit {
             require(stallLimit > .zero, "NetworkPort.init: `stallLimit` is \(stallLimit); it must be positive, or nil for no limit")
         }
@@ -149,8 +196,11 @@ public final class NetworkPort: @unchecked Sendable {
         self.port = bound
         self.wireFormat = wireFormat
         self.stallLimit = stallLimit
+        self.replyBacklogLimit = replyBacklogLimit
+        self.partialFrameMemoryLimit = partialFrameMemoryLimit
         self.handler = handler
         let reference = NetworkPortReference()
+        acceptPacing = PortAcceptPacing { reference.port?.resumeAccepting() }
         sentinel = LoopSource(
             cancel: { loop, _ in if loop.ownerThreadHasExited { reference.port?.invalidate() } },
             perform: { _ in })
@@ -160,7 +210,9 @@ public final class NetworkPort: @unchecked Sendable {
             LoopTimer(fireAt: .distantFuture, interval: limit) { timer in reference.port?.dropStalled(timer) }
         }
         // The listener's source holds the port until invalidation.
-        state.listener = (fd, LoopSource(descriptor: fd) { _, _ in self.acceptWaiting() })
+        // Re-armed by hand: not while `accept` finds no descriptor to take
+        // the connection with (`PortAcceptPacing`).
+        state.listener = (fd, LoopSource(descriptor: fd, rearmsManually: true) { _, _ in self.acceptWaiting() })
         reference.port = self
     }
 
@@ -179,18 +231,33 @@ public final class NetworkPort: @unchecked Sendable {
     /// Runs `handler` each time the port closes a connection on its own
     /// account, on the thread of the loop the port is in, once the
     /// connection is closed and counted, with why:
-    /// `.malformed` for a frame that is oversize, does not add up or is cut
-    /// short by the end of the stream (each also counted in
-    /// `malformedFrames`); `.frameStalled` for a partial frame silent past
-    /// `stallLimit` (counted in `stalledFrames`); the send's error for a
-    /// reply that could not be sent. Not for a sender that closes between
+    /// `.malformed` for a frame that is oversize, does not add up (its
+    /// header is checked as soon as it arrives) or is cut short by the end
+    /// of the stream (each also counted in `malformedFrames`);
+    /// `.partialFramesOverLimit` for the largest holders of partial frames
+    /// once all together passed `partialFrameMemoryLimit`; `.frameStalled` for a partial frame silent past
+    /// `stallLimit` (counted in `stalledFrames`); `.replyBacklogExceeded`
+    /// for a requester that left `replyBacklogLimit` reply bytes unread;
+    /// the send's error for a reply that could not be sent. Not for a sender that closes between
     /// frames, nor for the port's own invalidation. Handlers run in the
+    /// Also told, once per run of failures, `.system` for an `accept` that
+    /// found the process or system out of descriptors or memory: no
+    /// connection closes then (it waits in the kernel's backlog), and the
+    /// port stops watching its listener, retrying after a back-off of 10 ms
+    /// doubling to 1 s, so it never spins (`exhaustedAccepts` counts them).
     /// order added; add them before the port starts receiving to see every
     /// closing. Any thread;
     /// takes the port's lock briefly and never blocks otherwise. A handler
     /// that blocks holds up the port's loop.
     public func onDroppedConnection(_ handler: @escaping @Sendable (PortError) -> Void) {
         lock.withLock { state.dropHandlers.append(handler) }
+    }
+
+    /// Bytes the connections hold right now in frames still arriving (at
+    /// most `partialFrameMemoryLimit` once the port has handled its
+    /// reads). Takes the port's lock briefly; stale at once.
+    public var partialFrameBytes: Int {
+        lock.withLock { state.connections.values.reduce(0) { $0 + $1.frames.partialFrameBytes } }
     }
 
     /// How many senders are connected right now.
@@ -209,6 +276,7 @@ public final class NetworkPort: @unchecked Sendable {
         guard let sources else { return }
         require(!sources.isEmpty, "NetworkPort.schedule(in:forMode:): the port is already received by another loop; a port is received by one loop")
         for s in sources { loop.add(s, forMode: mode) }
+        loop.add(acceptPacing.timer, forMode: mode)
         if let stallSweep { loop.add(stallSweep, forMode: mode) }
         if loop.ownerThreadHasExited { invalidate() }
     }
@@ -220,6 +288,7 @@ public final class NetworkPort: @unchecked Sendable {
         }
         guard !sources.isEmpty else { return }
         for s in sources { loop.remove(s, forMode: mode) }
+        loop.remove(acceptPacing.timer, forMode: mode)
         if let stallSweep { loop.remove(stallSweep, forMode: mode) }
     }
 
@@ -228,6 +297,7 @@ public final class NetworkPort: @unchecked Sendable {
         var all = [sentinel]
         if let listener = state.listener { all.append(listener.source) }
         all.append(contentsOf: state.connections.values.map(\.source))
+        all.append(contentsOf: state.connections.values.compactMap(\.writer))
         return all
     }
 
@@ -235,7 +305,17 @@ public final class NetworkPort: @unchecked Sendable {
 
     private func acceptWaiting() {
         guard let listener = lock.withLock({ state.listener?.fd }) else { return }
-        while let fd = PortSocketCalls.accept(listener) {
+        while true {
+            let fd: Int32
+            switch PortSocketCalls.accept(listener) {
+            case .connection(let accepted):
+                fd = accepted
+                acceptPacing.accepted()
+            case .none:
+                return finishAccepting(exhausted: nil)
+            case .exhausted(let code):
+                return finishAccepting(exhausted: code)
+            }
             PortSocketCalls.tcpNoDelay(fd)
             let source = LoopSource(descriptor: fd) { _, _ in self.receive(on: fd) }
             let placement: (ThreadLoop?, [LoopMode])? = lock.withLock {
@@ -251,6 +331,31 @@ public final class NetworkPort: @unchecked Sendable {
         }
     }
 
+    /// Accepts that failed because the process or the system was out of
+    /// descriptors or memory; each run of them was reported once to the
+    /// drop handlers. Any thread; takes a short lock; stale at once.
+    public var exhaustedAccepts: Int { acceptPacing.failureCount }
+
+    /// The accept handler's end: re-arms the listener, unless `accept` ran
+    /// out of descriptors (errno `code`), which leaves it unarmed until
+    /// `acceptPacing`'s timer (reporting the first failure of a run).
+    private func finishAccepting(exhausted code: Int32?) {
+        let (loop, source, handlers) = lock.withLock { (state.membership.loop, state.listener?.source, state.dropHandlers) }
+        guard let code else {
+            if let loop, let source { loop.rearm(source) }
+            return
+        }
+        if acceptPacing.exhausted() {
+            for handler in handlers { handler(.system(SystemCallError(call: "accept", code: code))) }
+        }
+    }
+
+    /// `acceptPacing`'s timer: watch the listener again.
+    fileprivate func resumeAccepting() {
+        let (loop, source) = lock.withLock { (state.membership.loop, state.listener?.source) }
+        if let loop, let source { loop.rearm(source) }
+    }
+
     /// Closes a connection the port gives up on, counts it in
     /// `malformedFrames` if `malformed`, and tells the drop handlers
     /// `reason` (nil: a sender's own clean close, told to nobody).
@@ -261,6 +366,7 @@ public final class NetworkPort: @unchecked Sendable {
             return (connection, state.dropHandlers)
         }
         guard let (connection, handlers) = dropped else { return }
+        connection.writer?.invalidate()
         Self.close(fd, source: connection.source)
         if let reason { for handler in handlers { handler(reason) } }
     }
@@ -314,6 +420,7 @@ public final class NetworkPort: @unchecked Sendable {
             return (stalled, state.dropHandlers)
         }
         for (fd, connection) in stalled {
+            connection.writer?.invalidate()
             Self.close(fd, source: connection.source)
             for handler in handlers { handler(.frameStalled(after: stallLimit)) }
         }
@@ -353,6 +460,7 @@ public final class NetworkPort: @unchecked Sendable {
             case .success(let f?): frame = f
             case .success(nil):
                 watchForStall(fd)
+                shedPartialFrames()
                 return
             case .failure(let error):
                 drop(fd, malformed: true, reason: error)
@@ -377,7 +485,7 @@ public final class NetworkPort: @unchecked Sendable {
                 let reply = handler(decoded.envelope) ?? PortEnvelope(id: decoded.envelope.id)
                 do throws(PortError) {
                     let record = try PortWire.encode(reply, kind: .reply, sequence: decoded.sequence, descriptors: false)
-                    try PortSocketCalls.streamSendAll(fd, PortWire.frame(record.bytes), before: MonotonicClock.now.advanced(by: .seconds(1)))
+                    try queueReply(PortWire.frame(record.bytes), on: fd)
                 } catch {
                     drop(fd, malformed: false, reason: error)
                     return
@@ -387,6 +495,108 @@ public final class NetworkPort: @unchecked Sendable {
                 return
             }
         }
+    }
+
+    // MARK: Memory held by partial frames (the loop's thread)
+
+    /// Closes the connections holding the most memory in partial frames,
+    /// largest first, until all of them together hold at most
+    /// `partialFrameMemoryLimit`; each is told to the drop handlers as
+    /// `.partialFramesOverLimit`. A sum over the connections, taken after a
+    /// read left a partial frame.
+    private func shedPartialFrames() {
+        let (shed, handlers, total): ([(Int32, Connection, Int)], [@Sendable (PortError) -> Void], Int) = lock.withLock {
+            var total = 0
+            for c in state.connections.values { total += c.frames.partialFrameBytes }
+            guard total > partialFrameMemoryLimit else { return ([], [], total) }
+            let held = state.connections.map { ($0.key, $0.value.frames.partialFrameBytes) }.filter { $0.1 > 0 }.sorted { $0.1 > $1.1 }
+            var shed: [(Int32, Connection, Int)] = []
+            let before = total
+            for (fd, bytes) in held where total > partialFrameMemoryLimit {
+                if let c = state.connections.removeValue(forKey: fd) { shed.append((fd, c, bytes)) }
+                total -= bytes
+            }
+            return (shed, state.dropHandlers, before)
+        }
+        for (fd, connection, bytes) in shed {
+            connection.writer?.invalidate()
+            Self.close(fd, source: connection.source)
+            for handler in handlers {
+                handler(.partialFramesOverLimit(connectionBytes: bytes, totalBytes: total, limit: partialFrameMemoryLimit))
+            }
+        }
+    }
+
+    // MARK: Replies (the loop's thread)
+
+    /// Sends `frame` on `fd` as far as the socket takes it now, and queues
+    /// the rest behind the connection's earlier replies, to go as the socket
+    /// drains (`flushReplies`): a requester that does not read holds up
+    /// only its own connection, never the loop. Throws
+    /// `.replyBacklogExceeded` if `replyBacklogLimit` bytes or more wait
+    /// already, and the send's error if the peer is gone; the caller drops
+    /// the connection.
+    private func queueReply(_ frame: [UInt8], on fd: Int32) throws(PortError) {
+        let queued: Int? = lock.withLock { state.connections[fd]?.queuedReplyBytes }
+        guard let queued else { return }  // dropped meanwhile
+        guard queued < replyBacklogLimit else { throw .replyBacklogExceeded(bytes: queued + frame.count, limit: replyBacklogLimit) }
+        var written = 0
+        if queued == 0 {
+            switch frame.withUnsafeBytes({ PortSocketCalls.streamSendSome(fd, $0) }) {
+            case .sent(let n): written = n
+            case .full: break
+            case .failed(let error): throw error
+            }
+            if written == frame.count { return }
+        }
+        let rest = frame[written...]
+        let placement: (LoopSource, ThreadLoop?, [LoopMode])? = lock.withLock {
+            guard state.connections[fd] != nil else { return nil }
+            state.connections[fd]!.outbox += rest
+            guard state.connections[fd]!.writer == nil else { return nil }
+            let writer = LoopSource(descriptor: fd, interest: .writable) { _, _ in self.flushReplies(on: fd) }
+            state.connections[fd]!.writer = writer
+            return (writer, state.membership.loop, state.membership.currentModes)
+        }
+        if let (writer, loop, modes) = placement, let loop { for m in modes { loop.add(writer, forMode: m) } }
+    }
+
+    /// The writer's handler: writes queued reply bytes while the socket
+    /// takes them; once none are left, the writer goes.
+    private func flushReplies(on fd: Int32) {
+        while true {
+            let pending: [UInt8]? = lock.withLock {
+                guard let c = state.connections[fd], c.queuedReplyBytes > 0 else { return nil }
+                return Array(c.outbox[c.outboxStart..<min(c.outbox.count, c.outboxStart + (256 << 10))])
+            }
+            guard let pending else { break }
+            switch pending.withUnsafeBytes({ PortSocketCalls.streamSendSome(fd, $0) }) {
+            case .sent(let n):
+                lock.withLock {
+                    guard state.connections[fd] != nil else { return }
+                    state.connections[fd]!.outboxStart += n
+                    if state.connections[fd]!.outboxStart >= 1 << 20 {
+                        // Drop what went out, so the outbox does not grow for good.
+                        state.connections[fd]!.outbox.removeFirst(state.connections[fd]!.outboxStart)
+                        state.connections[fd]!.outboxStart = 0
+                    }
+                }
+                if n < pending.count { return }
+            case .full:
+                return
+            case .failed(let error):
+                drop(fd, malformed: false, reason: error)
+                return
+            }
+        }
+        let writer: LoopSource? = lock.withLock {
+            guard state.connections[fd] != nil else { return nil }
+            state.connections[fd]!.outbox = []
+            state.connections[fd]!.outboxStart = 0
+            defer { state.connections[fd]!.writer = nil }
+            return state.connections[fd]!.writer
+        }
+        writer?.invalidate()
     }
 
     // MARK: Invalidation
@@ -408,9 +618,13 @@ public final class NetworkPort: @unchecked Sendable {
             }
         guard let taken else { return }
         sentinel.invalidate()
+        acceptPacing.timer.invalidate()
         stallSweep?.invalidate()
         if let listener = taken.listener { Self.close(listener.fd, source: listener.source) }
-        for (fd, connection) in taken.connections { Self.close(fd, source: connection.source) }
+        for (fd, connection) in taken.connections {
+            connection.writer?.invalidate()
+            Self.close(fd, source: connection.source)
+        }
         for handler in taken.handlers { handler(self) }
     }
 

@@ -52,6 +52,28 @@ public enum PortError: Error, Sendable, Hashable, CustomStringConvertible {
     /// The kernel refused a call the port needed (out of descriptors or
     /// memory, say).
     case system(SystemCallError)
+    /// A send to a `LocalPort` whose queue is full (`capacity` messages),
+    /// from the thread of the very loop that receives the port (its handler,
+    /// say): only that thread makes room, so waiting would wait for itself.
+    /// Refused at once; nothing was queued.
+    case fullQueueOnItsOwnLoop(capacity: Int)
+    /// A `RemotePort` used in a child process that inherited it through
+    /// `fork()`, with no address to make a connection of its own (it was
+    /// received in a message, or made by `NamedPort.makeSendRight()`): the
+    /// parent's connection is not shared, or replies would go to the wrong
+    /// process. `name` is the port's name, if any. Nothing was sent. Look
+    /// the port up by name in the child, or have a send right sent to the
+    /// child after the fork.
+    case inheritedAcrossFork(String?)
+    /// A requester left `limit` bytes of replies or more unread
+    /// (`NetworkPort.replyBacklogLimit`); at its next reply, `bytes` in all
+    /// would have waited, so the port closed the connection.
+    case replyBacklogExceeded(bytes: Int, limit: Int)
+    /// Partial frames (frames still arriving) held `totalBytes` across a
+    /// `NetworkPort`'s connections, over its `partialFrameMemoryLimit`;
+    /// this connection, holding `connectionBytes` of them, was among the
+    /// largest and was closed.
+    case partialFramesOverLimit(connectionBytes: Int, totalBytes: Int, limit: Int)
 
     public var description: String {
         switch self {
@@ -85,6 +107,14 @@ public enum PortError: Error, Sendable, Hashable, CustomStringConvertible {
             "a frame stalled: part of it arrived, then nothing for longer than \(limit); the connection was closed"
         case .system(let error):
             error.description
+        case .partialFramesOverLimit(let mine, let total, let limit):
+            "partial frames held \(total) bytes across the port's connections, over its limit of \(limit) (partialFrameMemoryLimit); this connection held \(mine) of them, among the most, and was closed"
+        case .replyBacklogExceeded(let bytes, let limit):
+            "the requester did not read its replies: \(bytes) bytes would wait, past the port's limit of \(limit) (replyBacklogLimit); the connection was closed"
+        case .inheritedAcrossFork(let name):
+            "this RemotePort\(name.map { " (\"\($0)\")" } ?? "") was inherited through fork() and has no name or address to reconnect by (it came in a message or from makeSendRight()); its connection stays the parent's, so the child cannot use it: look the port up by name in the child (RemotePort.lookup), or have a send right sent to the child after the fork; nothing was sent"
+        case .fullQueueOnItsOwnLoop(let capacity):
+            "the LocalPort's queue is full (\(capacity) messages) and the send comes from the thread of the loop that receives it, the only thread that makes room: waiting would deadlock, so it is refused; nothing was queued"
         }
     }
 }

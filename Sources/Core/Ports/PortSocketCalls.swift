@@ -43,19 +43,44 @@ enum PortSocketCalls {
         throw environment("listen", -fd)
     }
 
-    static func connect(_ name: String, owner uid: UInt32) throws(PortError) -> Int32 {
+    /// Connects to the name, waiting until `deadline` at most for room in
+    /// the owner's backlog (full while its loop does not accept).
+    static func connect(_ name: String, owner uid: UInt32, before deadline: MonotonicClock.Instant) throws(PortError) -> Int32 {
+        let start = MonotonicClock.now
         let address = address(name, owner: uid)
-        let fd = address.withUnsafeBufferPointer { cshims_port_connect($0.baseAddress, $0.count) }
+        // Zero means "do not wait" to the shim: a deadline that has passed
+        // still gets one try.
+        let timeout = remainingNanoseconds(until: deadline)
+        let fd = address.withUnsafeBufferPointer { cshims_port_connect($0.baseAddress, $0.count, timeout) }
         if fd >= 0 { return fd }
-        if -fd == ECONNREFUSED || -fd == ENOENT { throw .nameNotFound(name) }
-        throw environment("connect", -fd)
+        switch -fd {
+        case ECONNREFUSED, ENOENT: throw .nameNotFound(name)
+        case EAGAIN: throw .timedOut(after: start.duration(to: .now))
+        default: throw environment("connect", -fd)
+        }
     }
 
-    /// A waiting connection, or nil when none waits (or accepting failed:
-    /// the listener stays, and the loop tries again on its next readiness).
-    static func accept(_ fd: Int32) -> Int32? {
-        let conn = cshims_port_accept(fd)
-        return conn >= 0 ? conn : nil
+    enum Accepted {
+        case connection(Int32)
+        /// None waits (or the listener was shut down).
+        case none
+        /// The process or the system is out of descriptors or memory
+        /// (errno `code`): the connection stays queued.
+        case exhausted(code: Int32)
+    }
+
+    /// A waiting connection, if any. A connection that failed before it was
+    /// accepted (ECONNABORTED, EPROTO, EPERM) is skipped.
+    static func accept(_ fd: Int32) -> Accepted {
+        while true {
+            let conn = cshims_port_accept(fd)
+            if conn >= 0 { return .connection(conn) }
+            switch -conn {
+            case ECONNABORTED, EPROTO, EPERM: continue
+            case EMFILE, ENFILE, ENOBUFS, ENOMEM: return .exhausted(code: -conn)
+            default: return .none
+            }
+        }
     }
 
     static func socketPair() throws(PortError) -> (Int32, Int32) {
@@ -196,6 +221,26 @@ enum PortSocketCalls {
             case let code:
                 throw environment("send", code)
             }
+        }
+    }
+
+    enum StreamWrite {
+        /// This many bytes went out (possibly fewer than offered).
+        case sent(Int)
+        /// The socket buffer is full.
+        case full
+        /// The peer is gone, or the connection failed.
+        case failed(PortError)
+    }
+
+    /// One write of `bytes` to a stream, never waiting.
+    static func streamSendSome(_ fd: Int32, _ bytes: UnsafeRawBufferPointer) -> StreamWrite {
+        let rc = cshims_port_stream_send(fd, bytes.baseAddress, bytes.count)
+        if rc >= 0 { return .sent(rc) }
+        switch -Int32(rc) {
+        case EAGAIN: return .full
+        case EPIPE, ECONNRESET, ENOTCONN, ETIMEDOUT, EHOSTUNREACH, ENETUNREACH: return .failed(.peerGone)
+        case let code: return .failed(environment("send", code))
         }
     }
 

@@ -260,6 +260,10 @@ enum PortWire {
         /// truncate it).
         var hasPartialFrame: Bool { start < bytes.count }
 
+        /// Bytes held for a partial frame (0 with none): what counts
+        /// against `NetworkPort.partialFrameMemoryLimit`.
+        var partialFrameBytes: Int { hasPartialFrame ? bytes.count : 0 }
+
         mutating func append(_ chunk: UnsafeRawBufferPointer) {
             if start > 0 && start >= bytes.count / 2 {
                 bytes.removeSubrange(0..<start)
@@ -292,7 +296,15 @@ enum PortWire {
                 guard length <= maximumFrameRecord else {
                     throw .malformed("a frame of \(length) bytes is over the limit of \(maximumFrameRecord)")
                 }
-                return available - 4 >= length ? (start + 4, length) : nil
+                if available - 4 >= length { return (start + 4, length) }
+                // The header is checked as soon as it is here, not once the
+                // whole frame is: a peer that announces a large frame of
+                // garbage is closed before it is buffered.
+                if available - 4 >= headerSize,
+                   let problem = bytes.withUnsafeBytes({ PortWire.headerProblem($0, at: start + 4, length: length) }) {
+                    throw problem
+                }
+                return nil
             case .foundationSocketPort:
                 guard available >= 8 else { return nil }
                 let (magic, length) = FoundationPortWire.prefix(bytes, at: start)
@@ -306,6 +318,24 @@ enum PortWire {
                 return available >= length ? (start, length) : nil
             }
         }
+    }
+
+    /// The checks of `decode` that a record's header alone allows, for a
+    /// frame still arriving: its magic number, kind, and component count,
+    /// and that the component table fits the announced length. Nil if
+    /// they pass.
+    static func headerProblem(_ b: UnsafeRawBufferPointer, at offset: Int, length: Int) -> PortError? {
+        guard load(UInt32.self, b, offset) == magic else { return .malformed("bad magic number") }
+        guard let kind = Kind(rawValue: b[offset + 4]) else { return .malformed("unknown record kind \(b[offset + 4])") }
+        guard kind != .ring else { return .malformed("a ring, which only a named port's connection takes") }
+        let componentCount = Int(load(UInt32.self, b, offset + 12))
+        guard componentCount <= PortEnvelope.maximumComponentCount else {
+            return .malformed("\(componentCount) components, over the limit of \(PortEnvelope.maximumComponentCount)")
+        }
+        guard headerSize + componentSize * componentCount <= length else {
+            return .malformed("the component table runs past the record's end")
+        }
+        return nil
     }
 
     /// Decodes a record read from a stream (no descriptors).

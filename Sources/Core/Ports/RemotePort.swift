@@ -1,3 +1,7 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// A send right to a `NamedPort`, possibly in another process: what the
 /// guide's remote message port is (a remote `MessagePort`, or
 /// `SocketPort(remoteWithTCPPort:host:)`). Get one by name (`lookup`), or
@@ -29,6 +33,20 @@
 /// replies come back the same way, through a ring it makes for the
 /// connection (`sharedMemoryReplyBuffers` counts those buffers).
 ///
+/// ## After `fork()`
+///
+/// A child process that inherited the port never uses its parent's
+/// connection: its first send or request makes a connection of its own
+/// (a looked-up port is looked up again by name and owner, a network port
+/// connected again, within that call's send timeout), with its own ring and
+/// its own request sequence, so replies never go to the wrong process and
+/// the owner sees each process as one connection, dropped (and its ring
+/// freed) when that process exits. A port with no address to go back to (one
+/// received in a message, or made by `NamedPort.makeSendRight()`) throws
+/// `.inheritedAcrossFork` in the child instead: look the port up by name
+/// there, or have it sent a send right of its own after the fork. The
+/// parent's connection is untouched by anything the child does.
+///
 /// ## Blocking
 ///
 /// `send` waits (in `ppoll`) for room in the socket buffer at most its
@@ -48,8 +66,9 @@
 /// Thread-safe; `Sendable`. Misuse (an empty, too long or NUL-holding
 /// name, a negative timeout) stops the process with a message.
 public final class RemotePort: @unchecked Sendable {
-    // @unchecked: `state` is guarded by `lock`; request state by
-    // `requestLock`; `name` is immutable.
+    // @unchecked: `state` is guarded by `lock`; request state by its
+    // link's `requestLock`; `name`, `transport` and `reconnection` are
+    // immutable.
 
     /// The name it was looked up by; nil for a port received in a message
     /// or made by `NamedPort.makeSendRight()`.
@@ -65,26 +84,50 @@ public final class RemotePort: @unchecked Sendable {
     }
 
     private let transport: Transport
+    /// How a process that inherited the port through `fork()` makes a
+    /// connection of its own: nil for a port with no address to go back
+    /// to (received in a message, or made by `makeSendRight()`).
+    private let reconnection: Reconnection?
     private let lock = Lock()
     private var state: State
-    /// Held while a frame is written to a stream, so that frames from
-    /// several threads do not interleave.
-    private let writeLock = Lock()
-    /// Reply frames read from a stream and not yet taken. Guarded by
-    /// `requestLock`.
-    private var replyFrames = PortWire.FrameReader()
-    /// Held for the whole of a request, so that its reply is read by its
-    /// requester; guards `nextSequence` and `replyBuffer`.
-    private let requestLock = Lock()
-    private var nextSequence: UInt64 = 1
-    private var replyBuffer: UnsafeMutableRawBufferPointer?
-    /// This process's ring for buffers too large to go inline, made with
-    /// the first such message (`PortSendRing`; a named port's only).
-    private let sendRing = PortSendRing()
-    /// The owner's ring for large buffers in its replies, once it sent one.
-    /// Guarded by `requestLock`.
-    private let replyRings = PortReceiveRings()
-    private var replyRingBuffers = 0
+
+    enum Reconnection {
+        /// Look the name up again, expecting owner `uid`.
+        case lookup(name: String, uid: UInt32)
+        /// Connect to the address again.
+        case tcp(host: String, port: UInt16)
+    }
+
+    /// What one process's connection needs beside its descriptor: its
+    /// locks, request sequence, reply buffer and rings. A process that
+    /// inherited the port through `fork()` makes a connection of its own
+    /// and a new `Link` with it, so nothing here is ever shared across
+    /// processes, and a lock a thread of the parent held at the fork (which
+    /// nobody would release in the child) is never waited for.
+    private final class Link: @unchecked Sendable {
+        // @unchecked: `replyFrames`, `nextSequence`, `replyBuffer` and
+        // `replyRingBuffers` are guarded by `requestLock`; the rest is
+        // immutable or guards itself.
+
+        /// Held while a frame is written to a stream, so that frames from
+        /// several threads do not interleave.
+        let writeLock = Lock()
+        /// Held for the whole of a request, so that its reply is read by
+        /// its requester.
+        let requestLock = Lock()
+        /// Reply frames read from a stream and not yet taken.
+        var replyFrames = PortWire.FrameReader()
+        var nextSequence: UInt64 = 1
+        var replyBuffer: UnsafeMutableRawBufferPointer?
+        /// This connection's ring for buffers too large to go inline, made
+        /// with the first such message (`PortSendRing`; a named port's only).
+        let sendRing = PortSendRing()
+        /// The owner's ring for large buffers in its replies, once it sent one.
+        let replyRings = PortReceiveRings()
+        var replyRingBuffers = 0
+
+        deinit { replyBuffer?.deallocate() }
+    }
 
     private struct State {
         var fd: Int32
@@ -92,25 +135,32 @@ public final class RemotePort: @unchecked Sendable {
         /// Calls using `fd` right now; the last one out closes it once the
         /// port is invalid.
         var users = 0
+        /// The process whose connection `fd` is: the one that made or
+        /// received the port, or the child that reconnected after `fork()`.
+        var pid: pid_t
+        var link = Link()
     }
 
     /// A port over `fd`, which it now owns (closes when invalidated or
-    /// deinitialized).
-    init(adopting fd: Int32, name: String?, transport: Transport = .local) {
-        state = State(fd: fd)
+    /// deinitialized); `reconnection` is how a child process gets a
+    /// connection of its own.
+    init(adopting fd: Int32, name: String?, transport: Transport = .local, reconnection: Reconnection? = nil) {
+        state = State(fd: fd, pid: getpid())
         self.name = name
         self.transport = transport
+        self.reconnection = reconnection
     }
 
     deinit {
         if state.fd >= 0 { PortSocketCalls.close(state.fd) }
-        replyBuffer?.deallocate()
     }
 
     /// Connects to the port published as `name` by user `owner` (by default
     /// the caller's own user, the only one a port accepts by default) and
     /// waits at most `timeout` for the owner's loop to accept the
-    /// connection. Blocks.
+    /// connection. Blocks, at most `timeout` in all: the connect itself
+    /// waits only while the owner's backlog is full (its loop is not
+    /// accepting), and only until the deadline.
     ///
     /// - Throws: `.nameNotFound` if nobody publishes the name (or its
     ///   owner died); `.foreignOwner` if the process holding the name runs
@@ -121,8 +171,14 @@ public final class RemotePort: @unchecked Sendable {
         PortSocketCalls.checkName(name, "RemotePort.lookup")
         require(timeout >= .zero, "RemotePort.lookup: `timeout` is \(timeout); it cannot be negative")
         let expected = owner ?? PortSocketCalls.effectiveUID
+        let fd = try connectAndGreet(name, owner: expected, timeout: timeout)
+        return RemotePort(adopting: fd, name: name, reconnection: .lookup(name: name, uid: expected))
+    }
+
+    /// `lookup`'s connection: connected, its owner checked, and welcomed.
+    private static func connectAndGreet(_ name: String, owner expected: UInt32, timeout: Duration) throws(PortError) -> Int32 {
         let deadline = MonotonicClock.now.advanced(by: timeout)
-        let fd = try PortSocketCalls.connect(name, owner: expected)
+        let fd = try PortSocketCalls.connect(name, owner: expected, before: deadline)
         do throws(PortError) {
             let uid = try PortSocketCalls.peerUID(fd)
             guard uid == expected else { throw .foreignOwner(name: name, uid: uid) }
@@ -135,7 +191,7 @@ public final class RemotePort: @unchecked Sendable {
                 PortSocketCalls.close(fds)
                 guard count == PortWire.headerSize else { throw .malformed("the owner's greeting is \(count) bytes") }
                 switch buffer[4] {
-                case PortWire.Kind.welcome.rawValue: return RemotePort(adopting: fd, name: name)
+                case PortWire.Kind.welcome.rawValue: return fd
                 case PortWire.Kind.refused.rawValue: throw .accessDenied(name)
                 default: throw .malformed("the owner's greeting is of kind \(buffer[4])")
                 }
@@ -179,7 +235,7 @@ public final class RemotePort: @unchecked Sendable {
         case .spindle: transport = .stream
         case .foundationSocketPort: transport = .foundationStream(signature: FoundationPortWire.signature(host: host, port: port))
         }
-        return RemotePort(adopting: fd, name: "\(host):\(port)", transport: transport)
+        return RemotePort(adopting: fd, name: "\(host):\(port)", transport: transport, reconnection: .tcp(host: host, port: port))
     }
 
     /// The frames it sends: Foundation's `SocketPort`'s if it was connected
@@ -195,7 +251,12 @@ public final class RemotePort: @unchecked Sendable {
     /// in progress (it takes the request lock); stale at once, and orders
     /// nothing.
     public var sharedMemoryReplyBuffers: Int {
-        requestLock.withLock { replyRingBuffers }
+        // In a child that has not reconnected yet, the link is the parent's
+        // (whose request lock a parent thread may have held at the fork):
+        // none of its replies are this process's.
+        let link: Link? = lock.withLock { state.pid == getpid() ? state.link : nil }
+        guard let link else { return 0 }
+        return link.requestLock.withLock { link.replyRingBuffers }
     }
 
     /// Whether the port can still send (false after `invalidate()`; a port
@@ -213,24 +274,27 @@ public final class RemotePort: @unchecked Sendable {
         let deadline = MonotonicClock.now.advanced(by: timeout)
         if case .foundationStream(let signature) = transport {
             let frame = try FoundationPortWire.frame(message, destination: signature)
-            try withDescriptor { fd throws(PortError) in try writeFrame(frame, to: fd, before: deadline) }
+            try withDescriptor(before: deadline) { fd, link throws(PortError) in try writeFrame(frame, to: fd, link: link, before: deadline) }
             return
         }
-        try withDescriptor { fd throws(PortError) in try write(message, kind: .oneWay, sequence: 0, to: fd, before: deadline) }
+        try withDescriptor(before: deadline) { fd, link throws(PortError) in
+            try write(message, kind: .oneWay, sequence: 0, to: fd, link: link, before: deadline)
+        }
     }
 
     /// Encodes and sends `message` as one record: on a Unix-domain socket
     /// through `sendRing` (which puts its large buffers in the ring), as a
     /// frame on a stream.
     private func write(
-        _ message: PortEnvelope, kind: PortWire.Kind, sequence: UInt64, to fd: Int32, before deadline: MonotonicClock.Instant
+        _ message: PortEnvelope, kind: PortWire.Kind, sequence: UInt64, to fd: Int32, link: Link,
+        before deadline: MonotonicClock.Instant
     ) throws(PortError) {
         switch transport {
         case .local:
-            try sendRing.send(message, kind: kind, sequence: sequence, on: fd, before: deadline)
+            try link.sendRing.send(message, kind: kind, sequence: sequence, on: fd, before: deadline)
         case .stream:
             let record = try PortWire.encode(message, kind: kind, sequence: sequence, descriptors: false)
-            try writeFrame(PortWire.frame(record.bytes), to: fd, before: deadline)
+            try writeFrame(PortWire.frame(record.bytes), to: fd, link: link, before: deadline)
         case .foundationStream:
             // `send` frames its own messages in this format and
             // `sendRequest` refuses: a Spindle record here is a bug in Spindle.
@@ -240,9 +304,9 @@ public final class RemotePort: @unchecked Sendable {
 
     /// Writes one whole frame to the stream, so that frames from several
     /// threads do not interleave.
-    private func writeFrame(_ frame: [UInt8], to fd: Int32, before deadline: MonotonicClock.Instant) throws(PortError) {
-        writeLock.lock()
-        defer { writeLock.unlock() }
+    private func writeFrame(_ frame: [UInt8], to fd: Int32, link: Link, before deadline: MonotonicClock.Instant) throws(PortError) {
+        link.writeLock.lock()
+        defer { link.writeLock.unlock() }
         try PortSocketCalls.streamSendAll(fd, frame, before: deadline)
     }
 
@@ -262,20 +326,21 @@ public final class RemotePort: @unchecked Sendable {
         if case .foundationStream = transport {
             throw .unsupportedByFoundationWireFormat("a request (Foundation's SocketPort never replies on the connection a message came on)")
         }
-        requestLock.lock()
-        defer { requestLock.unlock() }
-        let sequence = nextSequence
-        nextSequence += 1
-        let buffer = replyBuffer ?? {
-            let b = UnsafeMutableRawBufferPointer.allocate(byteCount: PortWire.recordCapacity, alignment: 8)
-            replyBuffer = b
-            return b
-        }()
-        return try withDescriptor { fd throws(PortError) -> PortEnvelope in
-            try write(message, kind: .request, sequence: sequence, to: fd, before: MonotonicClock.now.advanced(by: timeout))
+        let sendDeadline = MonotonicClock.now.advanced(by: timeout)
+        return try withDescriptor(before: sendDeadline) { fd, link throws(PortError) -> PortEnvelope in
+            link.requestLock.lock()
+            defer { link.requestLock.unlock() }
+            let sequence = link.nextSequence
+            link.nextSequence += 1
+            let buffer = link.replyBuffer ?? {
+                let b = UnsafeMutableRawBufferPointer.allocate(byteCount: PortWire.recordCapacity, alignment: 8)
+                link.replyBuffer = b
+                return b
+            }()
+            try write(message, kind: .request, sequence: sequence, to: fd, link: link, before: sendDeadline)
             let deadline = MonotonicClock.now.advanced(by: replyTimeout)
             if transport == .stream {
-                return try streamReply(fd, sequence: sequence, buffer: buffer, before: deadline, replyTimeout: replyTimeout)
+                return try streamReply(fd, link: link, sequence: sequence, buffer: buffer, before: deadline, replyTimeout: replyTimeout)
             }
             while true {
                 switch PortSocketCalls.receive(fd, into: buffer) {
@@ -284,8 +349,8 @@ public final class RemotePort: @unchecked Sendable {
                         PortSocketCalls.close(fds)
                         throw .malformed("a reply larger than a record can be")
                     }
-                    let decoded = try PortWire.decode(UnsafeRawBufferPointer(buffer), count: count, fds: fds, rings: replyRings)
-                    replyRingBuffers += replyRings.takeCount()
+                    let decoded = try PortWire.decode(UnsafeRawBufferPointer(buffer), count: count, fds: fds, rings: link.replyRings)
+                    link.replyRingBuffers += link.replyRings.takeCount()
                     // A late reply to an earlier request that timed out: skip
                     // it; the owner's ring: mapped by the decode, for later.
                     if decoded.kind == .reply && decoded.sequence == sequence { return decoded.envelope }
@@ -299,19 +364,19 @@ public final class RemotePort: @unchecked Sendable {
     }
 
     /// Reads frames from a stream until the reply to request `sequence`.
-    /// Under `requestLock`.
+    /// Under the link's `requestLock`.
     private func streamReply(
-        _ fd: Int32, sequence: UInt64, buffer: UnsafeMutableRawBufferPointer, before deadline: MonotonicClock.Instant,
+        _ fd: Int32, link: Link, sequence: UInt64, buffer: UnsafeMutableRawBufferPointer, before deadline: MonotonicClock.Instant,
         replyTimeout: Duration
     ) throws(PortError) -> PortEnvelope {
         while true {
-            while let frame = try replyFrames.next() {
+            while let frame = try link.replyFrames.next() {
                 let decoded = try PortWire.decode(frame: frame)
                 if decoded.kind == .reply && decoded.sequence == sequence { return decoded.envelope }
             }
             switch PortSocketCalls.streamReceive(fd, into: buffer) {
             case .bytes(let n):
-                replyFrames.append(UnsafeRawBufferPointer(rebasing: buffer[0..<n]))
+                link.replyFrames.append(UnsafeRawBufferPointer(rebasing: buffer[0..<n]))
             case .nothing:
                 guard PortSocketCalls.waitReadable(fd, before: deadline) else { throw .replyTimedOut(after: replyTimeout) }
             case .closed:
@@ -334,8 +399,11 @@ public final class RemotePort: @unchecked Sendable {
             // A thread sending or waiting for a reply right now polls the
             // socket: shutting it down wakes it (the last user closes it).
             // Without users, closing is enough, and leaves alone the same
-            // connection's other descriptors: those passed in messages.
-            guard state.users == 0 else {
+            // connection's other descriptors: those passed in messages. A
+            // connection inherited through fork() is the parent's: its
+            // users are the parent's threads, and a shutdown would end it
+            // for the parent too; only this process's copy closes.
+            guard state.users == 0 || state.pid != getpid() else {
                 PortSocketCalls.shutdown(state.fd)
                 return nil
             }
@@ -348,18 +416,65 @@ public final class RemotePort: @unchecked Sendable {
     /// A new descriptor for the same connection, for a message that carries
     /// this port (the message's sender closes it once sent).
     func duplicateDescriptor() throws(PortError) -> Int32 {
-        try withDescriptor { fd throws(PortError) in try PortSocketCalls.duplicate(fd) }
+        try withDescriptor(before: MonotonicClock.now.advanced(by: .seconds(5))) { fd, _ throws(PortError) in
+            try PortSocketCalls.duplicate(fd)
+        }
     }
 
-    /// Runs `body` with the descriptor, which stays open meanwhile even if
-    /// another thread invalidates the port; an error after invalidation
-    /// becomes `.invalidated`.
-    private func withDescriptor<R>(_ body: (Int32) throws(PortError) -> R) throws(PortError) -> R {
-        let fd: Int32 = try lock.withLock { () throws(PortError) -> Int32 in
-            guard state.valid else { throw .invalidated }
-            state.users += 1
-            return state.fd
+    /// Gives process `pid` (a child that inherited the port through `fork()`)
+    /// a connection of its own, so that its messages and its replies never
+    /// mix with its parent's on one socket: a named port is looked up again,
+    /// a network port connected again, each waiting until `deadline` at
+    /// most. A port with no address to go back to throws
+    /// `.inheritedAcrossFork`. The inherited descriptor is closed (only
+    /// this process's copy: the parent's connection goes on), never shut
+    /// down, and the parent's link (whose locks a thread of the parent may
+    /// have held at the fork) is dropped unused.
+    private func reconnectAfterFork(pid: pid_t, before deadline: MonotonicClock.Instant) throws(PortError) {
+        let fd: Int32
+        switch reconnection {
+        case nil:
+            throw .inheritedAcrossFork(name)
+        case .lookup(let name, let uid):
+            fd = try Self.connectAndGreet(name, owner: uid, timeout: MonotonicClock.now.duration(to: deadline))
+        case .tcp(let host, let port):
+            fd = try PortSocketCalls.tcpConnect(host: host, port: port, before: deadline)
         }
+        let inherited: Int32? = lock.withLock { () -> Int32? in
+            // Another thread of this process may have reconnected first, or
+            // invalidated the port meanwhile: then this connection goes.
+            guard state.valid, state.pid != pid else { return fd }
+            defer {
+                state.fd = fd
+                state.pid = pid
+                state.users = 0
+                state.link = Link()
+            }
+            return state.fd >= 0 ? state.fd : nil
+        }
+        if let inherited { PortSocketCalls.close(inherited) }
+    }
+
+    /// Runs `body` with the descriptor and its link, which stay open
+    /// meanwhile even if another thread invalidates the port; an error after
+    /// invalidation becomes `.invalidated`. In a process that inherited the
+    /// port through `fork()`, first makes the process's own connection,
+    /// waiting for it until `deadline` (see `reconnectAfterFork`).
+    private func withDescriptor<R>(
+        before deadline: MonotonicClock.Instant, _ body: (Int32, Link) throws(PortError) -> R
+    ) throws(PortError) -> R {
+        let pid = getpid()
+        var acquired: (Int32, Link)?
+        while acquired == nil {
+            let current: (Int32, Link)? = try lock.withLock { () throws(PortError) -> (Int32, Link)? in
+                guard state.valid else { throw .invalidated }
+                guard state.pid == pid else { return nil }
+                state.users += 1
+                return (state.fd, state.link)
+            }
+            if let current { acquired = current } else { try reconnectAfterFork(pid: pid, before: deadline) }
+        }
+        guard let (fd, link) = acquired else { misuse("RemotePort: no descriptor after the loop") }
         defer {
             let close: Int32? = lock.withLock {
                 state.users -= 1
@@ -370,7 +485,7 @@ public final class RemotePort: @unchecked Sendable {
             if let close { PortSocketCalls.close(close) }
         }
         do {
-            return try body(fd)
+            return try body(fd, link)
         } catch {
             if !isValid { throw .invalidated }
             throw error
