@@ -21,12 +21,12 @@ private final class SharedCounters: @unchecked Sendable {
 
 @Suite("AtomicMemory stress")
 struct AtomicStressTests {
-    /// Threads × 10^6 mixed operations each on shared words; afterwards every
-    /// counter holds exactly the sum of what the threads did, so no update
-    /// was lost.
+    /// Threads × 10^6 mixed operations each on shared words (the issue's
+    /// count, also CI's; 10^7 at full size); afterwards every counter holds
+    /// exactly the sum of what the threads did, so no update was lost.
     @Test(arguments: [2, 8])
     func mixedOperationsLoseNothing(threads: Int) {
-        let opsPerThread = 1_000_000
+        let opsPerThread = stressSize(ci: 1_000_000, full: 10_000_000)
         let c = SharedCounters()
         // Per-thread tallies of what each did to the additive counters.
         let tallies = UnsafeMutablePointer<Int64>.allocate(capacity: threads * 4)
@@ -94,6 +94,8 @@ struct AtomicStressTests {
         #expect(AtomicMemory.load(from: c.word(3), ordering: .barrier) == 0, "every set bit was cleared")
         #expect(AtomicMemory.load(from: c.word(4), ordering: .barrier) == 0, "every xor was undone")
         #expect(AtomicMemory.load(from: failures.word(0), ordering: .barrier) == 0, "a thread saw a torn or foreign value")
+        // Every operation checks what it saw (or feeds an exact total): one check each, plus the six totals.
+        StressReport.record(operations: threads * opsPerThread, threads: threads, checks: threads * opsPerThread + 6)
     }
 
     /// 64 threads race test-and-set over a 4096-bit field: each bit is won by
@@ -102,6 +104,14 @@ struct AtomicStressTests {
     @Test func testAndSetEveryBitWonExactlyOnce() {
         let bits = 4096
         let threads = 64
+        // Fields raced over, one after another (each a fresh race).
+        let fields = stressSize(ci: 1, full: 20)
+        for _ in 0..<fields { raceOneField(bits: bits, threads: threads) }
+        // Each bit checked for a single win, and each field's bytes checked full.
+        StressReport.record(operations: fields * bits * threads, threads: threads, checks: fields * (bits + bits / 8))
+    }
+
+    private func raceOneField(bits: Int, threads: Int) {
         let field = UnsafeMutableRawBufferPointer.allocate(byteCount: bits / 8, alignment: 8)
         field.initializeMemory(as: UInt8.self, repeating: 0)
         defer { field.deallocate() }
