@@ -6,9 +6,6 @@ import TestSupport
 import Glibc
 #endif
 
-/// Whether the ThreadSanitizer runtime is loaded (it exports `__tsan_init`).
-private let underThreadSanitizer: Bool = dlsym(nil, "__tsan_init") != nil
-
 /// A count that only the lock under test protects: plain, non-atomic
 /// memory, so ThreadSanitizer reports any two accesses the lock does not
 /// order.
@@ -30,7 +27,7 @@ struct AsyncLockStressTests {
         let lock = AsyncLock()
         let count = PlainCount()
         let tasks = 8
-        let perTask = 10_000
+        let perTask = stressSize(ci: 10_000, full: 200_000)
         await withTaskGroup(of: Void.self) { group in
             for t in 0..<tasks {
                 let body: @Sendable () async -> Void = {
@@ -67,6 +64,7 @@ struct AsyncLockStressTests {
         #expect(total == tasks * perTask)
         #expect(lock.isIdle)
         #expect(lock.waiterCount == 0)
+        StressReport.record(operations: tasks * perTask, threads: tasks, checks: 3)
     }
 
     /// Tasks line up for a lock while a thread cancels them at random and
@@ -78,7 +76,8 @@ struct AsyncLockStressTests {
     /// ThreadSanitizer.
     @Test(.timeLimit(.minutes(5)))
     func cancellationsRacingHandOffsLoseNothing() async {
-        let tasks = underThreadSanitizer ? 400 : 2_000
+        // CI's 400 (TSan); 10× at full size, within the 5-minute limit under TSan.
+        let tasks = stressSize(ci: 400, full: 4_000)
         let lock = AsyncLock()
         let count = PlainCount()
         let acquired = LockedValue(0)
@@ -113,6 +112,7 @@ struct AsyncLockStressTests {
         #expect(acquired.withLock { $0 } + cancelled.withLock { $0 } == tasks)
         #expect(lock.withLockForTests { count.value } == acquired.withLock { $0 })
         #expect(lock.isIdle)
+        StressReport.record(operations: tasks + tasks / 2, threads: tasks, checks: 3)
     }
 
     /// Tasks wait with deadlines of 0–300 µs (so the lock's deadline timers
@@ -124,7 +124,8 @@ struct AsyncLockStressTests {
     /// its timers all run. 2,000 tasks; 400 under ThreadSanitizer.
     @Test(.timeLimit(.minutes(5)))
     func deadlinesRacingHandOffsAndCancellationsLoseNothing() async {
-        let tasks = underThreadSanitizer ? 400 : 2_000
+        // CI's 400 (TSan); 10× at full size, within the 5-minute limit under TSan.
+        let tasks = stressSize(ci: 400, full: 4_000)
         let lock = AsyncLock()
         let count = PlainCount()
         let outcomes = LockedValue((acquired: 0, timedOut: 0, cancelled: 0))
@@ -173,6 +174,7 @@ struct AsyncLockStressTests {
             polls += 1
         }
         #expect(lock.pendingDeadlineTimers == 0)
+        StressReport.record(operations: tasks + tasks / 4, threads: tasks, checks: 6)
     }
 }
 

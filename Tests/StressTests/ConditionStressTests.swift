@@ -8,12 +8,15 @@ import TestSupport
 // the thread whose turn it is, check that each primitive orders memory (TSan
 // reports a race otherwise).
 //
-// Counts: 10^6 two-thread hand-offs for Condition here (about 20 s under
-// ThreadSanitizer on the 2-core VM) and 10^5 for the other primitives, whose
-// 10^6 runs natively in SpindleTests (ConditionVariableTests, SemaphoreTests);
-// 10^5 hand-offs among 8 threads per primitive (10^4 for the broadcast ring,
-// where each turn wakes all 7 other threads). The whole suite stays under a
-// minute under ThreadSanitizer.
+// Counts (CI's, the default): 10^6 two-thread hand-offs for Condition here
+// (about 20 s under ThreadSanitizer on the 2-core VM) and 10^5 for the other
+// primitives, whose 10^6 runs natively in SpindleTests (ConditionVariableTests,
+// SemaphoreTests); 10^5 hand-offs among 8 threads per primitive (10^4 for the
+// broadcast ring, where each turn wakes all 7 other threads). The whole suite
+// stays under a minute under ThreadSanitizer. At full size
+// (SPINDLE_STRESS_SIZE=full, scripts/stress) every count is 10× that: the
+// issue's 10^6 two-thread and 10^5 eight-thread hand-offs for every primitive,
+// and ten times more for Condition.
 
 /// Plain state guarded by the primitive under test; deliberately not atomic.
 private final class Turns: @unchecked Sendable {
@@ -42,7 +45,7 @@ struct ConditionStressTests {
     @Test func conditionHandOffsBetweenTwoThreads() {
         let condition = Condition()
         let turns = Turns()
-        let handOffs = 1_000_000
+        let handOffs = stressSize(ci: 1_000_000, full: 10_000_000)
         runThreads(2) { me in
             condition.lock()
             for turn in stride(from: me, to: handOffs, by: 2) {
@@ -57,13 +60,15 @@ struct ConditionStressTests {
         #expect(turns.turn == handOffs)
         #expect(turns.timeouts == 0, "a wait hit its deadline: a lost wake-up")
         #expect(condition.lockWordValue == 0)
+        // Each hand-off's wait checked against its deadline, plus the final state.
+        StressReport.record(operations: handOffs, threads: 2, checks: handOffs + 3)
     }
 
     @Test func conditionVariableHandOffsBetweenTwoThreads() {
         let mutex = Lock()
         let condition = ConditionVariable()
         let turns = Turns()
-        let handOffs = 100_000
+        let handOffs = stressSize(ci: 100_000, full: 1_000_000)
         runThreads(2) { me in
             mutex.lock()
             for turn in stride(from: me, to: handOffs, by: 2) {
@@ -78,6 +83,8 @@ struct ConditionStressTests {
         #expect(turns.turn == handOffs)
         #expect(turns.timeouts == 0, "a wait hit its deadline: a lost wake-up")
         #expect(mutex.wordValue == 0)
+        // Each hand-off's wait checked against its deadline, plus the final state.
+        StressReport.record(operations: handOffs, threads: 2, checks: handOffs + 3)
     }
 
     /// The turn is handed over by the semaphores alone: `sum` is written by
@@ -86,7 +93,7 @@ struct ConditionStressTests {
         let semaphores = [Semaphore(value: 1), Semaphore(value: 0)]
         let turns = Turns()
         let failures = Failures()
-        let handOffs = 100_000
+        let handOffs = stressSize(ci: 100_000, full: 1_000_000)
         runThreads(2) { me in
             for _ in 0..<(handOffs / 2) {
                 if !semaphores[me].wait(timeout: patience) {
@@ -99,13 +106,15 @@ struct ConditionStressTests {
         }
         #expect(failures.count == 0, "a wait hit its deadline: a lost wake-up")
         #expect(turns.sum == handOffs)
+        // Each hand-off's wait checked against its deadline, plus the final state.
+        StressReport.record(operations: handOffs, threads: 2, checks: handOffs + 2)
     }
 
     @Test func conditionLockHandOffsBetweenTwoThreads() {
         let lock = ConditionLock(condition: 0)
         let turns = Turns()
         let failures = Failures()
-        let handOffs = 100_000
+        let handOffs = stressSize(ci: 100_000, full: 1_000_000)
         runThreads(2) { me in
             for _ in 0..<(handOffs / 2) {
                 if !lock.lock(whenCondition: me, timeout: patience) {
@@ -118,6 +127,8 @@ struct ConditionStressTests {
         }
         #expect(failures.count == 0, "a wait hit its deadline: a lost hand-off")
         #expect(turns.sum == handOffs)
+        // Each hand-off's wait checked against its deadline, plus the final state.
+        StressReport.record(operations: handOffs, threads: 2, checks: handOffs + 2)
     }
 
     // MARK: Eight threads
@@ -129,7 +140,7 @@ struct ConditionStressTests {
         let mutex = Lock()
         let variables = (0..<threads).map { _ in ConditionVariable() }
         let turns = Turns()
-        let handOffs = 100_000
+        let handOffs = stressSize(ci: 100_000, full: 1_000_000)
         runThreads(threads) { me in
             mutex.lock()
             for turn in stride(from: me, to: handOffs, by: threads) {
@@ -144,6 +155,8 @@ struct ConditionStressTests {
         #expect(turns.turn == handOffs)
         #expect(turns.timeouts == 0, "a wait hit its deadline: a lost wake-up")
         #expect(mutex.wordValue == 0)
+        // Each hand-off's wait checked against its deadline, plus the final state.
+        StressReport.record(operations: handOffs, threads: threads, checks: handOffs + 3)
     }
 
     /// A ring of 8 threads on one Condition: only the next thread can use a
@@ -153,7 +166,7 @@ struct ConditionStressTests {
         let threads = 8
         let condition = Condition()
         let turns = Turns()
-        let handOffs = 10_000
+        let handOffs = stressSize(ci: 10_000, full: 100_000)
         runThreads(threads) { me in
             condition.lock()
             for turn in stride(from: me, to: handOffs, by: threads) {
@@ -168,6 +181,8 @@ struct ConditionStressTests {
         #expect(turns.turn == handOffs)
         #expect(turns.timeouts == 0, "a wait hit its deadline: broadcast lost a waiter")
         #expect(condition.lockWordValue == 0)
+        // Each hand-off's wait checked against its deadline, plus the final state.
+        StressReport.record(operations: handOffs, threads: threads, checks: handOffs + 3)
     }
 
     /// 8 threads, each waiting for its own condition value: every unlock
@@ -177,7 +192,7 @@ struct ConditionStressTests {
         let lock = ConditionLock(condition: 0)
         let turns = Turns()
         let failures = Failures()
-        let handOffs = 100_000
+        let handOffs = stressSize(ci: 100_000, full: 1_000_000)
         runThreads(threads) { me in
             for _ in 0..<(handOffs / threads) {
                 if !lock.lock(whenCondition: me, timeout: patience) {
@@ -191,6 +206,8 @@ struct ConditionStressTests {
         #expect(failures.count == 0, "a wait hit its deadline: a lost hand-off")
         #expect(turns.sum == handOffs)
         #expect(lock.condition == 0)
+        // Each hand-off's wait checked against its deadline, plus the final state.
+        StressReport.record(operations: handOffs, threads: threads, checks: handOffs + 3)
     }
 
     /// 6 threads mixing every way in and out of one `ConditionLock`: plain
@@ -206,7 +223,7 @@ struct ConditionStressTests {
         let turns = Turns()
         let entries = Failures()  // an atomic count of successful entries
         let failures = Failures()
-        let rounds = 20_000
+        let rounds = stressSize(ci: 20_000, full: 200_000)
         runThreads(6) { me in
             var random = XorShift(seed: me + 1)
             for _ in 0..<rounds {
@@ -231,6 +248,7 @@ struct ConditionStressTests {
         #expect(turns.sum == entries.count)
         #expect(lock.tryLock(), "free at the end")
         lock.unlock()
+        StressReport.record(operations: 6 * rounds, threads: 6, checks: entries.count + 3)
     }
 
     /// 8 threads, one semaphore each: the token goes round the ring.
@@ -239,7 +257,7 @@ struct ConditionStressTests {
         let semaphores = (0..<threads).map { $0 == 0 ? Semaphore(value: 1) : Semaphore(value: 0) }
         let turns = Turns()
         let failures = Failures()
-        let handOffs = 100_000
+        let handOffs = stressSize(ci: 100_000, full: 1_000_000)
         runThreads(threads) { me in
             for _ in 0..<(handOffs / threads) {
                 if !semaphores[me].wait(timeout: patience) {
@@ -253,6 +271,8 @@ struct ConditionStressTests {
         #expect(failures.count == 0, "a wait hit its deadline: a lost wake-up")
         #expect(turns.sum == handOffs)
         #expect(semaphores[0].value == 1)
+        // Each hand-off's wait checked against its deadline, plus the final state.
+        StressReport.record(operations: handOffs, threads: threads, checks: handOffs + 3)
     }
 
     // MARK: Broadcast
@@ -263,7 +283,7 @@ struct ConditionStressTests {
     @Test(arguments: [false, true])
     func broadcastWakesEveryWaiterEveryRound(useVariable: Bool) {
         let waiters = 7
-        let rounds = 1_000
+        let rounds = stressSize(ci: 1_000, full: 20_000)
         let condition = Condition()
         let mutex = Lock()
         let variable = ConditionVariable()
@@ -302,6 +322,7 @@ struct ConditionStressTests {
         #expect(state.turn == rounds)
         #expect(condition.lockWordValue == 0)
         #expect(mutex.wordValue == 0)
+        StressReport.record(operations: rounds * waiters, threads: waiters + 1, checks: rounds * waiters + 4)
     }
 
     // MARK: Timeouts racing wake-ups
@@ -311,7 +332,7 @@ struct ConditionStressTests {
     @Test func shortDeadlinesRacingSignals() {
         let condition = Condition()
         let state = Turns()
-        let rounds = 5_000
+        let rounds = stressSize(ci: 5_000, full: 100_000)
         runThreads(4) { me in
             for i in 0..<rounds {
                 condition.lock()
@@ -326,6 +347,7 @@ struct ConditionStressTests {
         }
         #expect(state.sum == rounds)
         #expect(condition.lockWordValue == 0)
+        StressReport.record(operations: 4 * rounds, threads: 4, checks: 2)
     }
 
     /// Semaphore waiters with tiny deadlines racing signals: every signal is
@@ -333,7 +355,7 @@ struct ConditionStressTests {
     @Test func semaphoreCountIsConservedUnderTimeouts() {
         let semaphore = Semaphore(value: 0)
         let taken = Failures()  // reused as an atomic counter
-        let rounds = 5_000
+        let rounds = stressSize(ci: 5_000, full: 100_000)
         runThreads(4) { me in
             for i in 0..<rounds {
                 if me == 0 {
@@ -344,5 +366,6 @@ struct ConditionStressTests {
             }
         }
         #expect(semaphore.value == rounds - taken.count)
+        StressReport.record(operations: 4 * rounds, threads: 4, checks: 1)
     }
 }

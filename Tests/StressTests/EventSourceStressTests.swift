@@ -15,12 +15,10 @@ import Glibc
 // writes a summary to standard error, which the test prints (with any
 // ThreadSanitizer report from the child, which also fails it: exit code 66).
 
-/// Whether this process runs under ThreadSanitizer (its runtime exports
-/// `__tsan_init`; Swift has no compilation condition for it).
-private let underThreadSanitizer: Bool = dlsym(nil, "__tsan_init") != nil
-
-/// Picks the count for this build (TSan runs 5-20× slower).
-private func scaled(_ normal: Int, tsan: Int) -> Int { underThreadSanitizer ? tsan : normal }
+// Sizes: the issue's counts are CI's too (10^4 sources, 10^6 merges, 10^5
+// signals, 1,000 children); at full size (SPINDLE_STRESS_SIZE=full) each is
+// 10× that, the children as 10 rounds of 1,000 (not 10,000 processes at
+// once on a shared machine), and each exit test's hang alarm 10× longer.
 
 /// Writes a line to standard error and to this exit test's report file,
 /// which the test process prints whether or not the exit test passed (the
@@ -168,9 +166,9 @@ struct EventSourceStressTests {
     /// under TSan.
     @Test func tenThousandSourcesChurnWithoutLeaksOrLateHandlers() async {
         let result = await #expect(processExitsWith: .success, observing: [\.standardErrorContent]) {
-            armHangAlarm(seconds: 300)
+            armHangAlarm(seconds: stressSize(ci: 300, full: 3_000))
             reportTag = "churn"
-            exit(churnSources(total: 10_000))
+            exit(churnSources(total: stressSize(ci: 10_000, full: 100_000)))
         }
         show("churn", result)
     }
@@ -180,7 +178,7 @@ struct EventSourceStressTests {
     /// two calls at once: TSan checks the hand-over from call to call): the
     /// sum is exact, and there are at least 1 and at most 10^6 calls.
     @Test func millionMergesFromTwoThreadsSumExactly() {
-        let perThread = 500_000
+        let perThread = stressSize(ci: 500_000, full: 5_000_000)
         var expected: UInt64 = 0
         for t in 0..<2 {
             var rng = XorShift(seed: 77 + t)
@@ -214,6 +212,8 @@ struct EventSourceStressTests {
         #expect(sum == expected)
         #expect(calls >= 1 && calls <= 2 * perThread)
         print("merges: \(2 * perThread) merges, \(calls) calls (ThreadSanitizer: \(underThreadSanitizer))")
+        // Each handler call's sum checked against the total it must reach.
+        StressReport.record(operations: 2 * perThread, threads: 2, checks: calls + 4)
     }
 
     /// A signal storm from another process: a child sends its parent (the
@@ -227,9 +227,9 @@ struct EventSourceStressTests {
     /// thread made for the purpose).
     @Test func signalStormFromAnotherProcessIsCounted() async {
         let result = await #expect(processExitsWith: .success, observing: [\.standardErrorContent]) {
-            armHangAlarm(seconds: 300)
+            armHangAlarm(seconds: stressSize(ci: 300, full: 3_000))
             reportTag = "storm"
-            exit(signalStorm(count: 100_000))
+            exit(signalStorm(count: stressSize(ci: 100_000, full: 1_000_000)))
         }
         show("storm", result)
     }
@@ -252,9 +252,14 @@ struct EventSourceStressTests {
     /// stack) and fails the test.
     @Test func thousandChildrenExitingAtOnceAreEachReportedOnce() async {
         let result = await #expect(processExitsWith: .success, observing: [\.standardErrorContent]) {
-            armHangAlarm(seconds: 300)
+            let rounds = stressSize(ci: 1, full: 10)
+            armHangAlarm(seconds: 300 * UInt32(rounds))
             reportTag = "children"
-            exit(childrenExit(count: 1000))
+            for _ in 0..<rounds {
+                let status = childrenExit(count: 1000)
+                if status != 0 { exit(status) }
+            }
+            exit(0)
         }
         show("children", result)
     }
@@ -415,6 +420,11 @@ private func churnSources(total: Int) -> Int32 {
         cancel during a call \(record.totals[4]), cancel handlers not exactly once \(twice.count), \
         descriptors \(before) before, \(after) after, \(MonotonicClock.now.duration(to: started) * -1) elapsed
         """)
+    // Each source's cancel handler checked once, each event call checked
+    // against its cancel, its descriptor and overlap; the descriptor count.
+    StressReport.record(
+        operations: total + record.totals[1], threads: threads, checks: total + record.totals[1] + 1,
+        test: "tenThousandSourcesChurnWithoutLeaksOrLateHandlers()")
     for loop in loops {
         loop.stop()
         try? loop.join()
@@ -530,6 +540,10 @@ private func signalStorm(count: Int) -> Int32 {
     usr1Source.cancel()
     loop.stop()
     try? loop.join()
+    // The sums, and each thread's signal mask before and after.
+    StressReport.record(
+        operations: sent[0] + sent[1], threads: 2, checks: 6 + threadMasksBefore.count,
+        test: "signalStormFromAnotherProcessIsCounted()")
     guard sent[0] == count, sent[1] == count else { return 10 }
     guard rtArrived, final.rt <= UInt64(sent[0]), final.rt >= 1 else { return 11 }
     guard !exact || final.rt == UInt64(sent[0]) else { return 12 }
@@ -731,6 +745,10 @@ private func childrenExit(count requested: Int) -> Int32 {
         reaped with their status \(reapedRight), released \(written), descriptors \(before) before the sources, \(during) with them, \
         \(openDescriptorCount()) after; forking took \(forkStart.duration(to: forked))
         """)
+    // Each child's report, status and reaping checked; one line per round.
+    StressReport.record(
+        operations: count, threads: count, checks: 3 * count + 1,
+        test: "thousandChildrenExitingAtOnceAreEachReportedOnce()")
     loop.stop()
     try? loop.join()
     if !stuckInFork.isEmpty && stuckInFork.count == unreaped.count && reported + stuckInFork.count == count

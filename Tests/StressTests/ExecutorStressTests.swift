@@ -6,9 +6,6 @@ import TestSupport
 import Glibc
 #endif
 
-/// Whether the ThreadSanitizer runtime is loaded (it exports `__tsan_init`).
-private let underThreadSanitizer: Bool = dlsym(nil, "__tsan_init") != nil
-
 /// An actor on a Spindle executor that counts the hops it receives and
 /// passes each one on to the next actor of a ring.
 actor HopStation {
@@ -36,8 +33,8 @@ actor HopStation {
 struct ExecutorStressTests {
     /// Hops between actors on two serial queues and two run-loop threads,
     /// from several tasks at once: every hop arrives exactly once, each on
-    /// its actor's own queue or loop. 10^6 hops; 10^5 under ThreadSanitizer,
-    /// which runs each hop ~10× slower.
+    /// its actor's own queue or loop. 10^5 hops in CI (under ThreadSanitizer,
+    /// which runs each hop ~10× slower); the 10^6 at full size.
     @Test func hopsBetweenActorsOnLoopsAndQueuesArriveExactlyOnce() async throws {
         let loops = try (0..<2).map { _ in try LoopThread.start() }
         let queues = (0..<2).map { WorkQueue(label: "hop.queue\($0)") }
@@ -50,7 +47,7 @@ struct ExecutorStressTests {
         }
         let stations = ring
         let tasks = 8
-        let total = underThreadSanitizer ? 100_000 : 1_000_000
+        let total = stressSize(ci: 100_000, full: 1_000_000)
         let hopsPerTask = total / tasks
         await withTaskGroup(of: Void.self) { group in
             for t in 0..<tasks {
@@ -76,6 +73,8 @@ struct ExecutorStressTests {
             thread.stop()
             try await thread.thread.join()
         }
+        // Every hop checked where it ran; each station's count, and the total.
+        StressReport.record(operations: received, threads: tasks, checks: received + stations.count + 1)
     }
 
     /// Tasks suspended in `await wait()` and threads blocked in `wait()` on
@@ -83,7 +82,7 @@ struct ExecutorStressTests {
     /// exactly one waiter, none is lost, and the count ends at zero.
     @Test func awaitingAndBlockingWaitersTakeEverySignalOnce() async {
         let semaphore = Semaphore(value: 0)
-        let perWaiter = underThreadSanitizer ? 5_000 : 50_000
+        let perWaiter = stressSize(ci: 5_000, full: 100_000)
         let served = LockedValue(0)
         let blockers = (0..<2).map { _ in
             startThread {
@@ -113,6 +112,8 @@ struct ExecutorStressTests {
         for join in blockers { join() }
         #expect(served.withLock { $0 } == 6 * perWaiter)
         #expect(semaphore.value == 0)
+        // 2 blocking threads, 4 tasks, 2 signalling threads.
+        StressReport.record(operations: 12 * perWaiter, threads: 8, checks: 2)
     }
 
     /// Swift's global executor on Spindle's pool (installed in a child
@@ -123,7 +124,7 @@ struct ExecutorStressTests {
     @Test func globalExecutorOnThePoolRunsEveryJobOnce() async {
         let r = await #expect(processExitsWith: .success, observing: [\.standardErrorContent]) {
             SpindleConcurrency.installAsGlobalExecutor()
-            let tasks = underThreadSanitizer ? 200 : 2_000
+            let tasks = stressSize(ci: 200, full: 4_000)
             let priorities: [TaskPriority] = [.high, .medium, .low, .background]
             let tally = GlobalTally()
             await withTaskGroup(of: Void.self) { group in
@@ -143,6 +144,7 @@ struct ExecutorStressTests {
             if notes != tasks * 11 || offPool != 0 || added != tasks {
                 fatalError("notes \(notes) of \(tasks * 11), off the pool \(offPool), actor \(added) of \(tasks)")
             }
+            recordGlobalExecutorRun(tasks: tasks)
         }
         let stderr = String(decoding: r?.standardErrorContent ?? [], as: UTF8.self)
         #expect(!stderr.contains("ThreadSanitizer"), "\(stderr)")
@@ -156,7 +158,7 @@ struct ExecutorStressTests {
     /// keeps a withdrawn waiter. Group waits are cancelled the same way
     /// beside it. 2,000 tasks; 400 under ThreadSanitizer.
     @Test func cancellationsRacingSignalsLoseNothing() async throws {
-        let tasks = underThreadSanitizer ? 400 : 2_000
+        let tasks = stressSize(ci: 400, full: 8_000)
         let signals = tasks / 2
         let semaphore = Semaphore(value: 0)
         let group = WorkGroup()
@@ -202,12 +204,22 @@ struct ExecutorStressTests {
         #expect(took.withLock { $0 } + semaphore.value == signals)
         #expect(semaphore.value >= 0)
         #expect(groupCancelled.withLock { $0 } == tasks / 4)
+        StressReport.record(operations: tasks + signals + tasks / 2, threads: tasks, checks: 4)
         group.leave()
     }
 }
 
 /// Counts notes from jobs of the global executor, and those that ran
 /// outside an item of one of Spindle's global queues.
+/// Records `globalExecutorOnThePoolRunsEveryJobOnce` from its child process
+/// (outside the exit test's closure, so the report names this file): every
+/// job checked that it ran on the pool, plus the three totals.
+private func recordGlobalExecutorRun(tasks: Int) {
+    StressReport.record(
+        operations: tasks * 11, threads: tasks, checks: tasks * 11 + 3,
+        test: "globalExecutorOnThePoolRunsEveryJobOnce()")
+}
+
 private final class GlobalTally: @unchecked Sendable {
     // @unchecked: the counts are guarded by `lock`; `actor` is an actor.
     private let lock = Lock()

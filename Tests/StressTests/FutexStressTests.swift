@@ -18,7 +18,7 @@ struct FutexStressTests {
     /// turn holder must come out exact (the acquire/release pairing orders it).
     @Test(arguments: [2, 4])
     func turnPassingLosesNoWakeUp(threads: Int) {
-        let rounds = 20_000
+        let rounds = stressSize(ci: 20_000, full: 400_000)
         let turn = Turn()
         let counter = UnsafeMutablePointer<Int>.allocate(capacity: 1)
         counter.initialize(to: 0)
@@ -44,5 +44,7 @@ struct FutexStressTests {
         }
         #expect(counter.pointee == rounds * threads)
         #expect(AtomicMemory.load(from: timeouts.word) == 0, "a wait hit its 30 s deadline: a lost wake-up")
+        // Each hand-off is one increment of the plain counter, checked by its exact total, and each wait by the timeout count.
+        StressReport.record(operations: rounds * threads, threads: threads, checks: rounds * threads)
     }
 }

@@ -75,7 +75,10 @@ struct JobStressTests {
     /// are a path of the state machine, each once, ending in finished.
     @Test(arguments: [1, 2])
     func randomGraphsOverThreeQueues(seed: Int) {
-        let count = 10_000
+        // The 10^4 jobs (CI's too); 10^5 at full size, with the
+        // cancellations and suspensions scaled alike.
+        let count = stressSize(ci: 10_000, full: 100_000)
+        let scale = count / 10_000
         let runs = AtomicCounters(count)
         let late = AtomicCounters(1)
         var random = XorShift(seed: seed)
@@ -122,13 +125,13 @@ struct JobStressTests {
                     i += 3
                 }
             case 3, 4:
-                for _ in 0..<400 {
+                for _ in 0..<(400 * scale) {
                     let i = random.next(count)
                     jobs[i].cancel()
                     if random.next(8) == 0 { _ = NativeThread.sleep(for: .microseconds(100)) }
                 }
             default:
-                for round in 0..<60 {
+                for round in 0..<(60 * scale) {
                     let queue = queues[random.next(3)]
                     queue.isSuspended = true
                     if round % 5 == 0 { queue.maxConcurrentJobCount = 1 + random.next(4) }
@@ -169,6 +172,8 @@ struct JobStressTests {
         // The run exercised both paths.
         #expect(executedJobs > count / 2 && cancelledJobs > 0, "\(executedJobs) executed, \(cancelledJobs) cancelled")
         #expect(queues.allSatisfy { $0.jobCount == 0 })
+        // Each job: finished, heard finished, a legal life, and run the right number of times.
+        StressReport.record(operations: count, threads: 6, checks: 4 * count + 6)
     }
 
     /// Four threads add dependencies among the same 400 jobs at once (each
@@ -176,7 +181,17 @@ struct JobStressTests {
     /// and every check must pass), then one queue runs them all: every job
     /// finishes, after the jobs it depends on.
     @Test func concurrentEdgesAreAllHonoured() {
-        let count = 400
+        // Rounds of fresh jobs, not more jobs per round: each added edge
+        // walks the graph for a cycle, so denser graphs cost more than linearly.
+        let rounds = stressSize(ci: 1, full: 20)
+        var edges = 0
+        for _ in 0..<rounds { edges += addEdgesConcurrentlyThenRun(count: 400) }
+        // Each job checked finished, each edge checked in order.
+        StressReport.record(operations: rounds * 4 * 1_000, threads: 4, checks: rounds * 400 + edges)
+    }
+
+    /// One round of `concurrentEdgesAreAllHonoured`; returns the edges checked.
+    private func addEdgesConcurrentlyThenRun(count: Int) -> Int {
         let order = OrderLog()
         let jobs = (0..<count).map { i in ClosureJob(name: "n\(i)") { order.append(i) } }
         let shared = Unchecked(jobs)
@@ -197,13 +212,16 @@ struct JobStressTests {
         var position = [Int](repeating: 0, count: count)
         for (p, i) in order.all.enumerated() { position[i] = p }
         var violations = 0
+        var edges = 0
         for job in jobs {
             let i = Int(job.name!.dropFirst())!
             for dependency in job.dependencies {
                 let d = Int(dependency.name!.dropFirst())!
                 if position[d] > position[i] { violations += 1 }
+                edges += 1
             }
         }
         #expect(violations == 0)
+        return edges
     }
 }

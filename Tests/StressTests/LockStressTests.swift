@@ -61,8 +61,12 @@ struct LockStressTests {
     func contentionGrid(kind: GridLock) {
         let shapes: [(groups: Int, threadsPerGroup: Int, work: Int, iterations: Int)] = [
             (1, 2, 0, 20_000), (1, 8, 0, 5_000), (2, 4, 10, 3_000), (4, 4, 0, 2_000), (1, 16, 50, 500),
-        ]
+        ].map { ($0.0, $0.1, $0.2, stressSize(ci: $0.3, full: 20 * $0.3)) }
+        var operations = 0
+        var checks = 0
         for shape in shapes {
+            operations += shape.groups * shape.threadsPerGroup * shape.iterations
+            checks += 2 * shape.groups
             let locks = (0..<shape.groups).map { _ in kind.make() }
             let counters = (0..<shape.groups).map { _ in Protected() }
             runThreads(shape.groups * shape.threadsPerGroup) { t in
@@ -82,6 +86,7 @@ struct LockStressTests {
                 #expect(locks[g].idle(), "\(kind) \(shape): lock word not idle")
             }
         }
+        StressReport.record(operations: operations, threads: shapes.map { $0.groups * $0.threadsPerGroup }.max()!, checks: checks)
     }
 
     /// Eventual fairness: threads that keep re-taking a lock (barging is
@@ -90,6 +95,16 @@ struct LockStressTests {
     /// bound is loose (seconds, against a hand-off interval of well under a
     /// millisecond): it catches starvation, not slowness.
     @Test func waitersAreNotStarvedByBargingHolders() {
+        let rounds = stressSize(ci: 1, full: 20)
+        var operations = 0
+        for _ in 0..<rounds { operations += waitersGetInWhileHoldersBarge() }
+        // Each round: 4 waiters each checked, and the word and queue idle.
+        StressReport.record(operations: operations, threads: 6, checks: rounds * 6)
+    }
+
+    /// One round of `waitersAreNotStarvedByBargingHolders`; returns the
+    /// acquisitions made.
+    private func waitersGetInWhileHoldersBarge() -> Int {
         let lock = Lock()
         let counter = Protected()
         let deadline = MonotonicClock.now.advanced(by: .seconds(20))
@@ -119,6 +134,7 @@ struct LockStressTests {
         }
         #expect(lock.wordValue == 0)
         #expect(lock.threadsWaitingForTurn == 0)
+        return counter.value
     }
 
     /// A saturated lock (threads doing nothing but taking it, 4× more than
@@ -128,7 +144,16 @@ struct LockStressTests {
     /// waits on an heir that is gone. Afterwards the count is exact,
     /// the word idle and nobody left queued.
     @Test func saturatedLockGoesRoundItsThreadsAndSurvivesItsTenantsLeaving() {
-        let threads = 8
+        let rounds = stressSize(ci: 1, full: 20)
+        var operations = 0
+        for _ in 0..<rounds { operations += saturateAndLeave(threads: 8) }
+        // Each round: the total, each thread's share, the word, the queue, the try.
+        StressReport.record(operations: operations, threads: 8, checks: rounds * (8 + 4))
+    }
+
+    /// One round of `saturatedLockGoesRoundItsThreadsAndSurvivesItsTenantsLeaving`;
+    /// returns the acquisitions made.
+    private func saturateAndLeave(threads: Int) -> Int {
         let lock = Lock()
         let counter = Protected()
         let tally = Lock()
@@ -170,6 +195,7 @@ struct LockStressTests {
         // Usable afterwards, at once.
         #expect(lock.tryLock())
         lock.unlock()
+        return counter.value
     }
 
     /// Bounded waiting: threads that do nothing but re-take one lock for
@@ -198,6 +224,7 @@ struct LockStressTests {
     func everyThreadGetsTheLockInEveryWindowUnderSaturation(
         threads: Int, holding: Duration, window: Duration, windows: Int
     ) {
+        let windows = stressSize(ci: windows, full: 10 * windows)
         let lock = Lock()
         let counts = Protected()
         let stalls = Protected()  // written by the sampler only, read after the join
@@ -234,6 +261,8 @@ struct LockStressTests {
         #expect(counts.scratch[0..<threads].reduce(0, +) == counts.value)
         #expect(lock.wordValue == 0)
         #expect(lock.threadsWaitingForTurn == 0)
+        // Each thread-window checked for progress, plus the totals and the word.
+        StressReport.record(operations: counts.value, threads: threads, checks: threads * windows + 3)
     }
 
     /// Many more threads than cores, mixing blocking, timed and try locks
@@ -244,9 +273,10 @@ struct LockStressTests {
         let counter = Protected()
         let misses = Protected()
         let tally = Lock()
+        let perThread = stressSize(ci: 1_500, full: 30_000)
         runThreads(16) { t in
             var missed = 0
-            for i in 0..<1_500 {
+            for i in 0..<perThread {
                 let took: Bool
                 switch (i + t) % 4 {
                 case 0: took = lock.tryLock()
@@ -265,9 +295,10 @@ struct LockStressTests {
             }
             tally.withLock { misses.value += missed }
         }
-        #expect(counter.value + misses.value == 16 * 1_500)
+        #expect(counter.value + misses.value == 16 * perThread)
         #expect(lock.wordValue == 0)
         #expect(lock.threadsWaitingForTurn == 0)
+        StressReport.record(operations: 16 * perThread, threads: 16, checks: 3)
     }
 
     /// Deadline waits racing with unlocks: a timed-out waiter must never leave
@@ -277,9 +308,10 @@ struct LockStressTests {
         let counter = Protected()
         let timeouts = Protected()
         let tally = Lock()
+        let perThread = stressSize(ci: 3_000, full: 60_000)
         runThreads(6) { t in
             var misses = 0
-            for i in 0..<3_000 {
+            for i in 0..<perThread {
                 if (i + t) % 3 == 0 {
                     if lock.lock(timeout: .microseconds(Int64(i % 50))) {
                         counter.value += 1
@@ -296,11 +328,12 @@ struct LockStressTests {
             }
             tally.withLock { timeouts.value += misses }
         }
-        #expect(counter.value + timeouts.value == 6 * 3_000)
+        #expect(counter.value + timeouts.value == 6 * perThread)
         #expect(lock.wordValue == 0)
         #expect(lock.threadsWaitingForTurn == 0)
         #expect(lock.tryLock())
         lock.unlock()
+        StressReport.record(operations: 6 * perThread, threads: 6, checks: 4)
     }
 
     @Test func synchronizedGrid() {
@@ -308,19 +341,23 @@ struct LockStressTests {
         let tokens = (0..<4).map { _ in Token() }
         let boxes = tokens.map { Unchecked($0) }
         let counters = (0..<4).map { _ in Protected() }
+        let perThread = stressSize(ci: 2_000, full: 40_000)
         runThreads(12) { t in
             let g = t % 4
-            for _ in 0..<2_000 {
+            for _ in 0..<perThread {
                 synchronized(boxes[g].value) {
                     synchronized(boxes[g].value) { counters[g].value += 1 }
                 }
             }
         }
-        #expect(counters.allSatisfy { $0.value == 3 * 2_000 })
+        #expect(counters.allSatisfy { $0.value == 3 * perThread })
+        // Each of the 4 objects' counts checked exact.
+        StressReport.record(operations: 12 * perThread, threads: 12, checks: 4)
     }
 
     @Test func onceUnderARace() {
-        for _ in 0..<200 {
+        let rounds = stressSize(ci: 200, full: 4_000)
+        for _ in 0..<rounds {
             let once = Once()
             let runs = Protected()
             let seen = Protected()
@@ -333,6 +370,7 @@ struct LockStressTests {
             #expect(runs.value == 1)
             #expect(seen.value == 4)
         }
+        StressReport.record(operations: 4 * rounds, threads: 4, checks: 2 * rounds)
     }
 }
 
@@ -345,8 +383,10 @@ struct ReadWriteLockStressTests {
         let record = Protected()
         let torn = Lock()
         let tornCount = Protected()
+        let writes = stressSize(ci: 2_000, full: 40_000)
+        let reads = 3 * writes
         runThreads(8) { t in
-            for i in 0..<(t < 2 ? 2_000 : 6_000) {
+            for i in 0..<(t < 2 ? writes : reads) {
                 if t < 2 {
                     rw.withWriteLock {
                         for k in 0..<64 { record.scratch[k] = i &* 64 &+ t }
@@ -361,8 +401,10 @@ struct ReadWriteLockStressTests {
             }
         }
         #expect(tornCount.value == 0)
-        #expect(record.value == 2 * 2_000)
+        #expect(record.value == 2 * writes)
         #expect(rw.wordValue == 0)
+        // Every read checked the whole record.
+        StressReport.record(operations: 2 * writes + 6 * reads, threads: 8, checks: 6 * reads + 2)
     }
 
     /// Under a continuous stream of readers (each re-entering at once), a
@@ -379,6 +421,7 @@ struct ReadWriteLockStressTests {
         defer { words.deallocate() }
         let w = SharedPointer(words)
         let readers = 6
+        let writerRounds = stressSize(ci: 20, full: 400)
         let results = Protected()
         runThreads(readers + 1) { t in
             if t < readers {
@@ -389,7 +432,7 @@ struct ReadWriteLockStressTests {
                 }
                 return
             }
-            for _ in 0..<20 {
+            for _ in 0..<writerRounds {
                 usleep(500)
                 AtomicMemory.store(0, to: w.pointer + 2, ordering: .sequentiallyConsistent)
                 AtomicMemory.store(0, to: w.pointer + 3, ordering: .sequentiallyConsistent)
@@ -421,6 +464,8 @@ struct ReadWriteLockStressTests {
         #expect(results.value <= readers, "readers entered ahead of a waiting writer: \(results.value) turns")
         #expect(results.scratch[0] > 0, "the writer never had to wait: the test measured nothing")
         #expect(rw.wordValue == 0)
+        // A writer round whose wait was seen is one bound checked.
+        StressReport.record(operations: writerRounds + Int(words.pointee), threads: readers + 1, checks: results.scratch[0] + 2)
     }
 }
 

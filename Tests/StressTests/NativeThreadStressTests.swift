@@ -14,7 +14,7 @@ struct NativeThreadStressTests {
     /// state from outside meanwhile.
     @Test(arguments: [2, 4])
     func concurrentCreatorsGetEveryResultAndError(creators: Int) {
-        let perCreator = 120
+        let perCreator = stressSize(ci: 120, full: 2_400)
         let batch = 6
         let mismatches = AtomicCounters(1)
         runThreads(creators) { creator in
@@ -50,14 +50,16 @@ struct NativeThreadStressTests {
             }
         }
         #expect(mismatches[0] == 0)
+        // Each thread's result or error, and its state, checked by its joiner.
+        StressReport.record(operations: creators * perCreator, threads: creators, checks: 2 * creators * perCreator)
     }
 
     /// Joinable, detached and foreign threads each store three thread-local
     /// values; every value's destructor runs exactly once, on its thread.
     @Test func threadLocalDestructorsRunExactlyOncePerThread() {
-        let joinable = 48
-        let detached = 48
-        let foreign = 16
+        let joinable = stressSize(ci: 48, full: 480)
+        let detached = stressSize(ci: 48, full: 480)
+        let foreign = stressSize(ci: 16, full: 160)
         let total = joinable + detached + foreign
         let destroyed = AtomicCounters(total)
         let wrongThread = AtomicCounters(1)
@@ -92,12 +94,14 @@ struct NativeThreadStressTests {
         let wrong = (0..<total).filter { destroyed[$0] != 3 }
         #expect(wrong.isEmpty, "threads whose destructors did not run exactly three times: \(wrong)")
         #expect(wrongThread[0] == 0, "a destructor ran on another thread")
+        // Each thread's three destructor runs checked, and where they ran.
+        StressReport.record(operations: 3 * total, threads: total, checks: total + 2)
     }
 
     /// Threads that alternate short and very long sleeps are cancelled in a
     /// scrambled order by several cancellers; every one of them stops.
     @Test func cancellationReachesEverySleeper() throws {
-        let count = 16
+        let count = stressSize(ci: 16, full: 160)
         let iterations = AtomicCounters(count)
         let threads = try (0..<count).map { i in
             try NativeThread.start { () -> Bool in
@@ -122,24 +126,28 @@ struct NativeThreadStressTests {
         // A thread may be cancelled before its first round; every one must
         // have seen the request when it returned.
         for thread in threads { #expect(try thread.join()) }
+        StressReport.record(operations: (0..<count).reduce(0) { $0 + iterations[$1] }, threads: count + 4, checks: count)
     }
 
     /// cancel() racing with the thread entering its sleep: the wake-up is
     /// never lost (a lost one would leave the thread asleep for ten minutes).
     @Test func cancelRacingSleepIsNeverLost() throws {
-        for round in 0..<300 {
+        let rounds = stressSize(ci: 300, full: 6_000)
+        for round in 0..<rounds {
             let thread = try NativeThread.start { NativeThread.sleep(for: .seconds(600)) }
             if round % 3 == 1 { NativeThread.yield() }
             thread.cancel()
             #expect(try thread.join() == false)
         }
+        StressReport.record(operations: rounds, threads: 2, checks: rounds)
     }
 
     /// Joinable threads whose `SpawnedThread` is released without a join,
     /// some before the body ends and some after: each is detached by the
     /// last release, on whichever thread that happens.
     @Test func releasedWithoutJoinDetachesOnEitherSide() {
-        let count = 200
+        // 10×, not 20×, at full size: half of them are alive at once.
+        let count = stressSize(ci: 200, full: 2_000)
         let ran = Latch(count)
         let release = Latch()
         var kept: [SpawnedThread<Int>] = []
@@ -154,5 +162,6 @@ struct NativeThreadStressTests {
         release.countDown()
         #expect(ran.wait())
         kept.removeAll()
+        StressReport.record(operations: count, threads: count, checks: 1)
     }
 }

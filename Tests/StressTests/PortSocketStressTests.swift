@@ -37,14 +37,15 @@ private func numbered(_ sender: Int, _ index: Int) -> PortEnvelope {
 @Suite("Port stress over sockets")
 struct PortSocketStressTests {
     /// A NamedPort in one process, under ThreadSanitizer: 4 threads each
-    /// with a send right of its own send 5,000 numbered messages; 2 more
+    /// with a send right of its own send 5,000 numbered messages (10^5 at
+    /// full size, the count per sender); 2 more
     /// share one looked-up RemotePort for requests (one at a time on it,
     /// each answered with its own number) and one-way sends. All arrive once,
     /// in order per sender; every reply matches its request.
     @Test(arguments: availableBackends)
     func namedPortManySendersAndSharedRequests(kind: EventBackendKind) throws {
         let senders = 4
-        let perSender = 5_000
+        let perSender = stressSize(ci: 5_000, full: 100_000)
         let order = Order(senders + 2)
         let name = "stress.\(getpid()).\(kind)"
         let port = try NamedPort(name: name) { m in
@@ -99,6 +100,8 @@ struct PortSocketStressTests {
         #expect(order.faults == 0)
         #expect(order.total == expected)
         #expect(order.next == [Int](repeating: perSender, count: senders) + [500, 500])
+        // Every message checked in order on arrival, every reply checked against its request.
+        StressReport.record(operations: expected + 2 * 500, threads: senders + 2, checks: expected + 2 * 500 + 5)
     }
 
     /// A NetworkPort under ThreadSanitizer: 3 threads share one RemotePort
@@ -108,7 +111,7 @@ struct PortSocketStressTests {
     @Test(arguments: availableBackends)
     func networkPortSharedAndOwnConnections(kind: EventBackendKind) throws {
         let senders = 5
-        let perSender = 3_000
+        let perSender = stressSize(ci: 3_000, full: 60_000)
         let order = Order(senders)
         let port = try NetworkPort { m in
             if m.id == 2 { return PortEnvelope(id: 2) }
@@ -143,5 +146,7 @@ struct PortSocketStressTests {
         #expect(malformed == 0)
         #expect(order.faults == 0)
         #expect(order.next == [Int](repeating: perSender, count: senders))
+        // Every message checked in order on arrival.
+        StressReport.record(operations: senders * (perSender + 1), threads: senders, checks: senders * perSender + 4)
     }
 }

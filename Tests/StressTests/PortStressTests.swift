@@ -42,13 +42,13 @@ private func decode(_ bytes: [UInt8]) -> (sender: Int, index: Int) {
 
 @Suite("Port stress")
 struct PortStressTests {
-    /// 6 senders × 20,000 messages to one port whose queue holds 16, so
+    /// 6 senders × 20,000 messages (200,000 at full size) to one port whose queue holds 16, so
     /// senders keep waiting for room: every message arrives exactly once, in
     /// order per sender, and the port ends empty.
     @Test(arguments: availableBackends)
     func sendersTimesMessagesNoneLostNoneTwiceInOrder(kind: EventBackendKind) throws {
         let senders = 6
-        let perSender = 20_000
+        let perSender = stressSize(ci: 20_000, full: 200_000)
         let arrivals = Arrivals(senders: senders)
         let port = LocalPort(capacity: 16) { m in
             guard let bytes = m.components.first?.bytes, bytes.count == 8 else {
@@ -92,6 +92,8 @@ struct PortStressTests {
         #expect(arrivals.foreignComponents == 0)
         #expect(arrivals.next == [Int](repeating: perSender, count: senders))
         #expect(port.queuedCount == 0)
+        // Every arrival checked against its sender's next number.
+        StressReport.record(operations: senders * perSender, threads: senders, checks: arrivals.total + 6)
     }
 
     /// Senders racing an invalidation: every send either succeeds or throws
@@ -100,8 +102,23 @@ struct PortStressTests {
     /// without duplicates.
     @Test(arguments: availableBackends)
     func sendsRacingInvalidationFailCleanly(kind: EventBackendKind) throws {
-        let senders = 4
-        let perSender = 20_000
+        // More races at full size, not more messages: the invalidation lands
+        // within 20 ms, and sends after it only throw.
+        let rounds = stressSize(ci: 1, full: 20)
+        var operations = 0
+        var checks = 0
+        for _ in 0..<rounds {
+            let (sends, arrived) = sendRacingOneInvalidation(kind: kind, senders: 4, perSender: 20_000)
+            operations += sends
+            checks += arrived + 4 + 4
+        }
+        // Every send's outcome checked, every arrival checked in order.
+        StressReport.record(operations: operations, threads: 5, checks: operations + checks)
+    }
+
+    /// One round of `sendsRacingInvalidationFailCleanly`; returns the sends
+    /// made and the messages that arrived.
+    private func sendRacingOneInvalidation(kind: EventBackendKind, senders: Int, perSender: Int) -> (sends: Int, arrived: Int) {
         let arrivals = Arrivals(senders: senders)
         let port = LocalPort(capacity: 8) { m in
             let (s, i) = decode(m.components[0].bytes!)
@@ -141,13 +158,14 @@ struct PortStressTests {
         #expect(arrivals.outOfOrder == 0)
         let sent = accepted.withLock { $0 }
         for s in 0..<senders { #expect(arrivals.next[s] <= sent[s]) }
+        return (senders * perSender, arrivals.total)
     }
 
-    /// Two loops bouncing one message 20,000 times, each answering on the
+    /// Two loops bouncing one message 20,000 times (400,000 at full size), each answering on the
     /// reply port the other put in: the count comes back exact.
     @Test(arguments: availableBackends)
     func pingPongBetweenTwoLoopsOnReplyPorts(kind: EventBackendKind) throws {
-        let rounds: UInt32 = 20_000
+        let rounds: UInt32 = stressSize(ci: 20_000, full: 400_000)
         let finished = Latch()
         let ponger = try LoopThread.start(backend: kind)
         let pongPort = LocalPort { m in
@@ -173,5 +191,7 @@ struct PortStressTests {
         try ponger.join()
         try pinger.join()
         #expect(!pongPort.isValid && !pingPort.isValid)
+        // Each bounce's number is checked by the exact final count.
+        StressReport.record(operations: Int(rounds), threads: 2, checks: 3)
     }
 }

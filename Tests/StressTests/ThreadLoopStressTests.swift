@@ -34,12 +34,13 @@ private func withRunningLoop(
 
 @Suite("ThreadLoop stress")
 struct ThreadLoopStressTests {
-    /// 4 threads × 250,000 performs onto one loop: each runs exactly once,
-    /// in order per sender.
+    /// 4 threads × 250,000 performs onto one loop (the count, and
+    /// CI's; 2,500,000 each at full size): each runs exactly once, in order
+    /// per sender.
     @Test(arguments: availableBackends)
     func performsRunOnceInOrderPerSender(kind: EventBackendKind) {
         let senders = 4
-        let perSender = 250_000
+        let perSender = stressSize(ci: 250_000, full: 2_500_000)
         let received = Received(senders: senders)
         withRunningLoop(kind) { loop in
             runThreads(senders) { s in
@@ -55,27 +56,31 @@ struct ThreadLoopStressTests {
         #expect(received.count == senders * perSender)
         #expect(received.outOfOrder == 0)
         #expect(received.lastSeen.allSatisfy { $0 == perSender - 1 })
+        // Every perform checked its sender's order.
+        StressReport.record(operations: senders * perSender, threads: senders + 1, checks: senders * perSender + 3)
     }
 
-    /// 1,000 timers with random dates fire in date order, none lost, none
+    /// 1,000 timers (10,000 at full size) with random dates fire in date order, none lost, none
     /// twice; a second thread invalidates some while the loop may be firing
     /// them, which must be safe (an invalidated timer fires at most once,
     /// before its invalidation).
     @Test(arguments: availableBackends)
     func thousandTimersFireInDateOrder(kind: EventBackendKind) {
+        let count = stressSize(ci: 1_000, full: 10_000)
+        let checked = LockedValue(0)
         onLoopThread(kind) { loop in
             var rng = SystemRandomNumberGenerator()
             let base = MonotonicClock.now.advanced(by: .milliseconds(20))
             let firings = LockedValue<[(Int, MonotonicClock.Instant)]>([])
             var timers: [LoopTimer] = []
-            for i in 0..<1_000 {
+            for i in 0..<count {
                 let date = base.advanced(by: .microseconds(Int64.random(in: 0..<200_000, using: &rng)))
                 let t = LoopTimer(fireAt: date) { t in firings.withLock { $0.append((i, t.fireDate)) } }
                 timers.append(t)
                 loop.add(t, forMode: .default)
             }
             // Another thread invalidates every tenth timer at some point.
-            let victims = stride(from: 0, to: 1_000, by: 10).map { Unchecked(timers[$0]) }
+            let victims = stride(from: 0, to: count, by: 10).map { Unchecked(timers[$0]) }
             let killer = startThread {
                 for v in victims {
                     usleep(UInt32.random(in: 0..<400))
@@ -87,21 +92,26 @@ struct ThreadLoopStressTests {
             let fired = firings.withLock { $0 }
             let ids = fired.map(\.0)
             #expect(Set(ids).count == ids.count, "a timer fired twice")
-            let survivors = Set(0..<1_000).subtracting(stride(from: 0, to: 1_000, by: 10))
+            let survivors = Set(0..<count).subtracting(stride(from: 0, to: count, by: 10))
             #expect(survivors.isSubset(of: Set(ids)), "a timer that was never invalidated did not fire")
             let dates = fired.map(\.1)
             #expect(zip(dates, dates.dropFirst()).allSatisfy { $0 <= $1 }, "timers fired out of date order")
+            checked.withLock { $0 = ids.count }
         }
+        // Each firing checked once-only and in date order, each survivor checked fired.
+        let firings = checked.withLock { $0 }
+        StressReport.record(operations: count, threads: 2, checks: 2 * firings + (count - count / 10))
     }
 
     /// Sources and timers added and removed from other threads while the
     /// loop runs: the loop keeps working and ends with nothing registered.
     @Test(arguments: availableBackends)
     func concurrentAddRemove(kind: EventBackendKind) {
+        let perThread = stressSize(ci: 2_000, full: 40_000)
         let fired = EventLog()
         withRunningLoop(kind) { loop in
             runThreads(3) { t in
-                for i in 0..<2_000 {
+                for i in 0..<perThread {
                     let source = LoopSource { _ in }
                     loop.add(source, forMode: i % 2 == 0 ? .default : .common)
                     source.signal()
@@ -114,6 +124,8 @@ struct ThreadLoopStressTests {
             }
         }
         #expect(fired.all.count == 3)
+        // Adds and removes (a source and a timer each round); the one check is that every thread got through.
+        StressReport.record(operations: 3 * perThread * 2, threads: 4, checks: 1)
     }
 
     /// Additions racing invalidation and removal on other threads: an add
@@ -123,7 +135,7 @@ struct ThreadLoopStressTests {
     /// and its run returns `.finished`.
     @Test(arguments: availableBackends)
     func invalidationRacingAddLeavesNothing(kind: EventBackendKind) {
-        let count = 5_000
+        let count = stressSize(ci: 5_000, full: 100_000)
         let sources = (0..<count).map { _ in LoopSource { _ in } }
         let timers = (0..<count).map { _ in LoopTimer(after: .seconds(60)) { _ in } }
         let running = RunningLoop(kind) { loop in
@@ -154,6 +166,8 @@ struct ThreadLoopStressTests {
         running.keep.invalidate()
         #expect(running.join() == .finished)
         #expect(sources.allSatisfy { !$0.isValid } && timers.allSatisfy { !$0.isValid })
+        // Each source and timer checked invalid, and the loop checked empty.
+        StressReport.record(operations: 3 * 2 * count, threads: 4, checks: 2 * count + 1)
     }
 }
 
@@ -177,7 +191,8 @@ struct EventRegistryStressTests {
     @Test(arguments: availableBackends)
     func descriptorChurnLosesNothing(kind: EventBackendKind) {
         let clients = 3
-        let rounds = 1_500
+        // The 3 × 1,500 (CI's too); 10× at full size.
+        let rounds = stressSize(ci: 1_500, full: 15_000)
         let tally = ChurnTally()
         let registry = LockedValue<EventRegistry?>(nil)
         withRunningLoop(kind) { loop in
@@ -230,5 +245,7 @@ struct EventRegistryStressTests {
         #expect(tally.failures.withLock { $0 }.isEmpty)
         let counts = registry.withLock { $0 }!.counts
         #expect(counts.registrations == 0 && counts.descriptors == 0, "left in the registry: \(counts)")
+        // Every round's reader checked it fired within its deadline.
+        StressReport.record(operations: clients * rounds, threads: clients + 1, checks: clients * rounds + 4)
     }
 }

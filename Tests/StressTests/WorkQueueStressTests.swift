@@ -6,16 +6,10 @@ import TestSupport
 import Glibc
 #endif
 
-/// Whether this process runs under ThreadSanitizer. Swift has no compilation
-/// condition for the sanitizer and the repository defines none, so the check
-/// is at run time: the TSan runtime, linked into every instrumented binary,
-/// exports `__tsan_init`.
-private let underThreadSanitizer: Bool = dlsym(nil, "__tsan_init") != nil
-
-/// Picks the count for this build: TSan runs the stress suite 10–20× slower
-/// (and the CI budget for this suite under TSan is about 90 s on the 2-vCPU
-/// VM), so instrumented runs use the smaller count.
-private func scaled(_ normal: Int, tsan: Int) -> Int { underThreadSanitizer ? tsan : normal }
+// Sizes: `stressSize(ci:full:)`. TSan runs this suite 10–20× slower than a
+// native build, and the CI budget for it under TSan is about 90 s on the
+// 2-vCPU VM, so the CI sizes are the small ones; full sizes are the issue's
+// (8 × 10^6 items onto one serial queue) or 10–20× CI's.
 
 /// Raw zeroed words shared between items and the test; plain reads and writes
 /// where a queue's ordering is what makes them safe (TSan checks that it
@@ -45,13 +39,13 @@ struct WorkQueueStressTests {
     /// 8 producers × `perProducer` items onto one serial queue. Every item
     /// checks that it runs alone (an occupancy word) and that its producer's
     /// sequence numbers arrive in order; afterwards every item ran exactly
-    /// once. Counts: 8 × 10^6 in the normal build (the target,
-    /// ~16 s here), 8 × 50,000 under TSan, where an item costs ~8.6 µs
-    /// against ~1.9 µs (4 s alone; 8 × 200,000 made the full TSan stress
-    /// run 33 s longer on the 2-vCPU VM, this count about 10 s).
+    /// once. Counts: 8 × 10^6 at full size (the target, ~16 s in a
+    /// native debug build here), 8 × 50,000 in CI (under TSan, where an item
+    /// costs ~8.6 µs against ~1.9 µs: 4 s alone; 8 × 200,000 made the TSan
+    /// stress run 33 s longer on the 2-vCPU VM, this count about 10 s).
     @Test func serialQueueRunsEveryItemOnceAloneAndInProducerOrder() {
         let producers = 8
-        let perProducer = scaled(1_000_000, tsan: 50_000)
+        let perProducer = stressSize(ci: 50_000, full: 1_000_000)
         // At most this many items of one producer queued at once, so that the
         // queue's ring stays small while 8 producers outrun 1 consumer.
         let window = 20_000
@@ -86,6 +80,8 @@ struct WorkQueueStressTests {
         #expect(atomic.load(1) == 0, "items of the serial queue overlapped")
         #expect(atomic.load(0) == 0)
         print("serial: \(producers) × \(perProducer) items (ThreadSanitizer: \(underThreadSanitizer))")
+        // Every item checked its occupancy and its producer's order; plus the five totals.
+        StressReport.record(operations: producers * perProducer, threads: producers, checks: 2 * producers * perProducer + 5)
     }
 
     /// Barriers on a concurrent queue run alone: 4 submitters mix ordinary
@@ -96,7 +92,7 @@ struct WorkQueueStressTests {
     /// that ordinary items read, which TSan flags if they ever overlap.
     @Test func barriersOnAConcurrentQueueExcludeEverythingElse() {
         let submitters = 4
-        let rounds = scaled(10_000, tsan: 5_000)
+        let rounds = stressSize(ci: 5_000, full: 100_000)
         let itemsPerRound = 8
         let queue = WorkQueue(label: "stress.barriers", kind: .concurrent)
         let group = WorkGroup()
@@ -144,6 +140,9 @@ struct WorkQueueStressTests {
         #expect(queue.syncBarrier { plain[0].pointee } == submitters * rounds)
         // Not a requirement, a sanity check that the queue was concurrent at all.
         print("barriers: \(submitters) × \(rounds) rounds of \(itemsPerRound) items + 1 barrier; peak ordinary items at once \(atomic.load(5)) (pool width \(Topology.availableCPUCount))")
+        // Each ordinary item checked the barrier flag once, each barrier the running count twice.
+        let items = submitters * rounds * (itemsPerRound + 1)
+        StressReport.record(operations: items, threads: submitters, checks: submitters * rounds * (itemsPerRound + 2) + 5)
     }
 
     /// Random mixes from several threads of async, sync, barriers, balanced
@@ -154,7 +153,8 @@ struct WorkQueueStressTests {
     /// one item at a time and each thread's items in order, groups drained.
     @Test func randomMixesKeepExactCounts() {
         let threads = 4
-        let operations = scaled(200_000, tsan: 50_000)
+        // 10× CI's at full size, not 20×: every work item is kept to the end.
+        let operations = stressSize(ci: 50_000, full: 500_000)
         let root = WorkQueue(label: "stress.mix.root")
         let globals: [WorkQueue] = [.global(.default), .global(.high), .global(.low), .global(.background)]
         // 0, 1: serial; 2, 3: concurrent; all retargetable.
@@ -299,6 +299,8 @@ struct WorkQueueStressTests {
         #expect(violations.load(1) == 0, "seeds \(seeds): a serial queue reordered one thread's items")
         for q in all.indices { #expect(!all[q].isSuspended) }
         print("mix: \(threads) threads × \(operations) operations, \(workItems.count) work items kept (ThreadSanitizer: \(underThreadSanitizer))")
+        // Every item's run count checked against what was expected of it, every kept work item waited for.
+        StressReport.record(operations: threads * operations, threads: threads, checks: threads * operations + workItems.count + 5)
     }
 
     /// The workers' local rings under every path at once: items on the
@@ -317,7 +319,7 @@ struct WorkQueueStressTests {
     /// burst phase reports races). Afterwards every child, continuation and
     /// link ran exactly once.
     @Test func localRingsGrowAndAreStolenWithoutLosingAnItem() {
-        let parents = scaled(200, tsan: 60)
+        let parents = stressSize(ci: 60, full: 1_200)
         let fanOut = 600
         let children = parents * fanOut
         let input = Words(children)
@@ -347,7 +349,7 @@ struct WorkQueueStressTests {
         // Bursts into an empty pool: one item pushes 200 children into its
         // ring (no growth, and no lock anywhere on the way) while the other
         // workers, idle at the start of each round, wake and steal from it.
-        let rounds = scaled(400, tsan: 100)
+        let rounds = stressSize(ci: 100, full: 2_000)
         let burst = 200
         let burstInput = Words(rounds * burst)
         let burstOutput = Words(rounds * burst)
@@ -370,8 +372,9 @@ struct WorkQueueStressTests {
         // flushes the slot to the front of the ring while the other workers
         // steal from it. Each chain's plain count is ordered link to link
         // by the hand-off alone.
-        let chains = scaled(64, tsan: 16)
-        let length = scaled(2_000, tsan: 500)
+        // 4 × 5 = 20× CI's links at full size.
+        let chains = stressSize(ci: 16, full: 64)
+        let length = stressSize(ci: 500, full: 2_500)
         let links = Words(chains)
         let chainGroup = WorkGroup()
         @Sendable func link(_ c: Int, _ left: Int) {
@@ -384,15 +387,27 @@ struct WorkQueueStressTests {
         let short = (0..<chains).filter { links[$0].pointee != length }
         #expect(short.isEmpty, "chains \(short.prefix(10)) ran \(short.prefix(10).map { links[$0].pointee }) links of \(length)")
         print("local rings: \(parents) × \(fanOut) children (ThreadSanitizer: \(underThreadSanitizer))")
+        // Each child (with its continuation), burst child and chain checked.
+        StressReport.record(
+            operations: 2 * children + rounds * burst + chains * length, threads: WorkQueue.poolWidth,
+            checks: children + rounds * burst + chains + rounds + 4)
     }
 
     /// 1,000 items each wait on their own semaphore, which an item queued
     /// after all of them signals: all complete only if the pool grows past
     /// its width (within `compensationLimit`). When the extra workers have
     /// been idle for their 2 s, they exit and the pool is back to its width
-    /// (polled for up to 20 s). Same count under TSan.
+    /// (polled for up to 20 s). The count, in CI (under TSan) too;
+    /// at full size, 5 rounds of it.
     @Test func itemsBlockedOnLaterItemsGrowThePoolWhichThenShrinks() {
-        let count = 1_000
+        let rounds = stressSize(ci: 1, full: 5)
+        for _ in 0..<rounds { growThePoolAndLetItShrink(count: 1_000) }
+        // Each round: every item completed (the group), the growth bounds, the shrink.
+        StressReport.record(operations: rounds * 2_000, threads: 1_000, checks: rounds * 5)
+    }
+
+    /// One round of `itemsBlockedOnLaterItemsGrowThePoolWhichThenShrinks`.
+    private func growThePoolAndLetItShrink(count: Int) {
         let width = WorkQueue.poolWidth
         #expect(WorkQueue.compensationLimit >= count, "the limit cannot cover this test")
         let semaphores = (0..<count).map { _ in Semaphore(value: 0) }
