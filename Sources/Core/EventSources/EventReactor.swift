@@ -1,3 +1,7 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// The thread that watches the process-wide mechanisms of event sources
 /// (signals, inotify, the clock-set notice) for every source, and process
 /// exits for sources whose handlers run on work queues: a `ThreadLoop` on a
@@ -18,27 +22,31 @@ enum EventReactor {
     private static let lock = GuardLock()
     nonisolated(unsafe) private static var thread: LoopThread?
 
-    /// The reactor's loop, starting its thread if needed. Stops the process
-    /// with a message if the thread cannot start (the process is out of
-    /// threads or memory): no source can work without it.
-    static var loop: ThreadLoop {
+    /// The reactor's loop, starting its thread if needed. Throws
+    /// `.systemCall` when the thread or its epoll instance cannot be made
+    /// (the process is out of threads, memory or descriptors); the source
+    /// that asked then fails with that error, and a later source tries
+    /// again.
+    static func loop() throws(EventSourceError) -> ThreadLoop {
         lock.lock()
         defer { lock.unlock() }
         if let thread { return thread.loop }
-        do {
+        let started: LoopThread
+        do throws(NativeThreadError) {
             // epoll, not io_uring: a worker that re-arms a watch after its
             // handler can then tell the kernel itself (`epoll_ctl` from any
             // thread) instead of waking this thread to submit for it.
-            let started = try LoopThread.start(NativeThread.Attributes(name: "spindle.events"), backend: .epoll)
-            // Workers re-arm its watches while it waits: it stays in
-            // epoll_wait, where each re-arm reaches it with no wake-up.
-            started.loop.registry.waitsInKernelWhileRegistered = true
-            ForkHandlers.install()
-            thread = started
-            return started.loop
+            started = try LoopThread.start(NativeThread.Attributes(name: "spindle.events"), backend: .epoll)
         } catch {
-            misuse("EventSource: cannot start the reactor thread \"spindle.events\": \(error)")
+            if case .systemCall(let refusal) = error { throw .systemCall(refusal) }
+            throw .systemCall(SystemCallError(call: "starting the reactor thread \"spindle.events\" (\(error))", code: EAGAIN))
         }
+        // Workers re-arm its watches while it waits: it stays in
+        // epoll_wait, where each re-arm reaches it with no wake-up.
+        started.loop.registry.waitsInKernelWhileRegistered = true
+        ForkHandlers.install()
+        thread = started
+        return started.loop
     }
 
     /// In a child after `fork()`: the reactor's thread is the parent's; the

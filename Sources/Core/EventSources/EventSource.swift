@@ -277,8 +277,7 @@ public final class EventSource: @unchecked Sendable, CustomStringConvertible {
         }
         guard first else { return }
         if !isCancelled, let watch {
-            let (loop, modes) = Self.watchPlace(for: target, watch: watch)
-            watch.start(for: self, on: loop, modes: modes)
+            watch.start(for: self, at: Self.placement(for: target, watch: watch))
         }
         var s = state.load(ordering: .relaxed)
         while true {
@@ -354,17 +353,24 @@ public final class EventSource: @unchecked Sendable, CustomStringConvertible {
             return (guarded.target, guarded.activated)
         }
         guard activated, !isCancelled, let watch else { return }
-        let before = Self.watchPlace(for: old, watch: watch)
-        let after = Self.watchPlace(for: target, watch: watch)
-        if before.0 !== after.0 || before.1 != after.1 {
-            watch.move(for: self, to: after.0, modes: after.1)
-        }
+        let before = Self.placement(for: old, watch: watch)
+        let after = Self.placement(for: target, watch: watch)
+        if !before.isSame(as: after) { watch.move(for: self, to: after) }
     }
 
-    /// Where a kind's kernel watch lives for `target`.
-    static func watchPlace(for target: Target, watch: any SourceWatch) -> (ThreadLoop, [LoopMode]) {
-        if case .loop(let loop, let modes) = target, !watch.isProcessWide { return (loop, modes) }
-        return (EventReactor.loop, [.default])
+    /// Where a kind's kernel watch lives for `target` (see `WatchPlacement`):
+    /// on a loop target, in the loop's own backend, except for the
+    /// process-wide mechanisms, which the reactor watches; on a queue
+    /// target, in the standard pool's poller (the reactor only if the pool
+    /// has none). Starts nothing.
+    static func placement(for target: Target, watch: any SourceWatch) -> WatchPlacement {
+        switch target {
+        case .loop(let loop, let modes):
+            return watch.isProcessWide ? .reactor : .loop(loop, modes: modes)
+        case .queue:
+            if let poller = WorkerPool.standard.poller { return .pool(poller) }
+            return .reactor
+        }
     }
 
     // MARK: Calls

@@ -59,7 +59,7 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
     /// A directory's entry events: one made, removed, or renamed out or in.
     private static let entryChanges = CSHIMS_IN_CREATE | CSHIMS_IN_DELETE | CSHIMS_IN_MOVED_FROM | CSHIMS_IN_MOVED_TO
 
-    func start(for source: EventSource, on loop: ThreadLoop, modes: [LoopMode]) {
+    func start(for source: EventSource, at placement: WatchPlacement) {
         do throws(EventSourceError) {
             try Registry.shared.add(self, for: source)
         } catch {
@@ -67,7 +67,7 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
         }
     }
 
-    func move(for source: EventSource, to loop: ThreadLoop, modes: [LoopMode]) {}
+    func move(for source: EventSource, to placement: WatchPlacement) {}
 
     func stop() { Registry.shared.remove(self) }
 
@@ -114,7 +114,7 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
         private var masks = [UInt32](repeating: 0, count: 256)
 
         func add(_ watch: FileSystemWatch, for source: EventSource) throws(EventSourceError) {
-            let reactor = EventReactor.loop
+            let reactor = try EventReactor.loop()
             lock.lock()
             defer { lock.unlock() }
             guard !watch.stopped else { return }

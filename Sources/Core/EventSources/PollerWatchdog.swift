@@ -27,7 +27,7 @@ final class PollerWatchdog: PoolPoller.Watchdog, @unchecked Sendable {
     func arm(after interval: Duration) -> Bool {
         // The reactor first: starting it takes the reactor's lock, which is
         // never taken inside this one.
-        let reactor = EventReactor.loop
+        guard let reactor = try? EventReactor.loop() else { return false }
         let fd: Int32? = lock.withLock {
             try? timer.open(on: reactor, Self.makeTimer) { [unowned self] in self.expired() }
         }

@@ -60,7 +60,19 @@ final class ProcessWatch: SourceWatch, @unchecked Sendable {
         if last { EventSourceCalls.close(pidfd) }
     }
 
-    func start(for source: EventSource, on loop: ThreadLoop, modes: [LoopMode]) {
+    func start(for source: EventSource, at placement: WatchPlacement) {
+        let loop: ThreadLoop, modes: [LoopMode]
+        do throws(EventSourceError) {
+            // On a queue target the reactor's loop watches the pidfd.
+            if let found = try placement.loopAndModes() {
+                (loop, modes) = found
+            } else {
+                (loop, modes) = (try EventReactor.loop(), [.default])
+            }
+        } catch {
+            source.fail(error)
+            return
+        }
         let made = LoopSource(
             descriptor: pidfd, failed: { _, error in source.fail(.watchFailed(error)) }
         ) { [weak self] made, _ in
@@ -81,14 +93,14 @@ final class ProcessWatch: SourceWatch, @unchecked Sendable {
         for mode in modes { loop.add(made, forMode: mode) }
     }
 
-    func move(for source: EventSource, to loop: ThreadLoop, modes: [LoopMode]) {
+    func move(for source: EventSource, to placement: WatchPlacement) {
         let old: LoopSource? = lock.withLock {
             defer { loopSource = nil }
             return loopSource
         }
         guard let old, old.isValid else { return } // already fired: nothing to move
         old.invalidate()
-        start(for: source, on: loop, modes: modes)
+        start(for: source, at: placement)
     }
 
     func stop() {

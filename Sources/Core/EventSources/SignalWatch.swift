@@ -39,7 +39,7 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
         }
     }
 
-    func start(for source: EventSource, on loop: ThreadLoop, modes: [LoopMode]) {
+    func start(for source: EventSource, at placement: WatchPlacement) {
         do throws(EventSourceError) {
             try Registry.shared.add(self, for: source)
         } catch {
@@ -47,7 +47,7 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
         }
     }
 
-    func move(for source: EventSource, to loop: ThreadLoop, modes: [LoopMode]) {}
+    func move(for source: EventSource, to placement: WatchPlacement) {}
 
     func stop() { Registry.shared.remove(self) }
 
@@ -64,7 +64,7 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
         func add(_ watch: SignalWatch, for source: EventSource) throws(EventSourceError) {
             // The reactor first: starting it takes the reactor's lock, which
             // is never taken inside this one.
-            let reactor = EventReactor.loop
+            let reactor = try EventReactor.loop()
             lock.lock()
             defer { lock.unlock() }
             guard !watch.stopped else { return }

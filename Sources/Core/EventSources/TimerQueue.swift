@@ -49,8 +49,10 @@ final class TimerQueue: PoolPoller.Timers, @unchecked Sendable {
 
     /// Schedules `owner` to be asked to fire by `latest` (monotonic
     /// nanoseconds). Any thread; if this is the new top, the poller's holder
-    /// looks again (or a worker is woken to hold it).
-    func schedule(_ owner: TimerWatch, latest: Int64, arming: Int) {
+    /// looks again (or a worker is woken to hold it). Throws when the
+    /// poller has no epoll instance to wait in and the kernel refuses one.
+    func schedule(_ owner: TimerWatch, latest: Int64, arming: Int) throws(SystemCallError) {
+        try poller.prepare()
         let first: Bool = lock.withLock {
             nextSerial &+= 1
             heap.push(Entry(latest: latest, serial: nextSerial, owner: owner, arming: arming))

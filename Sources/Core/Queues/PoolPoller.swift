@@ -113,23 +113,27 @@ final class PoolPoller: @unchecked Sendable {
     // MARK: Registrations (any thread)
 
     /// The current registry, made on first use, and the timer queue, in one
-    /// hold of the lock. Stops the process with a message if the kernel
-    /// refuses an epoll instance: no queue source could work without one.
-    private func current() -> (state: State, timers: Timers?) {
+    /// hold of the lock. Throws when the kernel refuses an epoll instance
+    /// (out of descriptors or memory): the registration that asked fails
+    /// with it, and the next one tries again.
+    private func current() throws(SystemCallError) -> (state: State, timers: Timers?) {
         lock.lock()
         defer { lock.unlock() }
         if let state { return (state, timers) }
-        do {
-            let registry = try EventRegistry(kind: .epoll)
-            // Handlers re-arm their watches while the holder waits: it stays
-            // in epoll_wait, where each re-arm reaches it without a wake-up.
-            registry.waitsInKernelWhileRegistered = true
-            let made = State(registry: registry)
-            state = made
-            return (made, timers)
-        } catch {
-            misuse("WorkerPool: cannot make the event sources' epoll instance: \(error)")
-        }
+        let registry = try EventRegistry(kind: .epoll)
+        // Handlers re-arm their watches while the holder waits: it stays
+        // in epoll_wait, where each re-arm reaches it without a wake-up.
+        registry.waitsInKernelWhileRegistered = true
+        let made = State(registry: registry)
+        state = made
+        return (made, timers)
+    }
+
+    /// Makes the registry now if there is none, so that the holder can wait
+    /// for a timer: the timer queue calls it before its first entry. Throws
+    /// what the kernel says when it refuses the epoll instance.
+    func prepare() throws(SystemCallError) {
+        _ = try current()
     }
 
     /// Watches `fd` for `interest` (one-shot: re-armed with `rearm`);
@@ -139,7 +143,12 @@ final class PoolPoller: @unchecked Sendable {
     func register(
         _ fd: Int32, for interest: Readiness, _ handler: @escaping Handler
     ) throws(DescriptorWatchError) -> (State, UInt64) {
-        let state = current().state
+        let state: State
+        do throws(SystemCallError) {
+            state = try current().state
+        } catch {
+            throw DescriptorWatchError(descriptor: fd, reason: .kernelRefused, code: error.code)
+        }
         let token = try state.registry.register(fd, for: interest)
         lock.withLock { state.handlers[token] = handler }
         AtomicMemory.add(1, to: watchCount, ordering: .sequentiallyConsistent)
@@ -272,7 +281,10 @@ final class PoolPoller: @unchecked Sendable {
     /// (`block` false: only looks), then runs the handlers of what it found
     /// and fires the due timers. Returns whether anything ran.
     func waitAndDispatch(block: Bool, notAfter: MonotonicClock.Instant? = nil) -> Bool {
-        let (state, timers) = current()
+        // Something is watched only after a registry was made (`register`,
+        // `prepare`), so this finds one; if not (a child just forked), there
+        // is nothing to wait for.
+        guard let (state, timers) = try? current() else { return false }
         var deadline = timers?.nextDeadline()
         if let notAfter, deadline.map({ notAfter < $0 }) ?? true { deadline = notAfter }
         if !block { deadline = MonotonicClock.Instant(nanoseconds: 0) }
