@@ -47,7 +47,9 @@ _Static_assert(CSHIMS_FD_SOCKET == S_IFSOCK && CSHIMS_FD_FIFO == S_IFIFO,
 // until a later install after a restore.
 static struct sigaction saved[WATCH_SIGNALS];
 static _Atomic uint64_t delivered[WATCH_SIGNALS];
-static _Atomic int watch_eventfd = -1;
+// The eventfds the observer writes, one per place that waits for signals
+// (the pool's poller, the reactor); -1 where none is set.
+static _Atomic int watch_eventfds[CSHIMS_SIGNAL_WATCH_SLOTS] = {-1, -1};
 
 static int default_ignores(int signo) {
     return signo == SIGCHLD || signo == SIGCONT || signo == SIGURG || signo == SIGWINCH;
@@ -60,11 +62,13 @@ static int default_stops(int signo) {
 static void observe(int signo, siginfo_t *info, void *context) {
     int saved_errno = errno;
     atomic_fetch_add_explicit(&delivered[signo], 1, memory_order_release);
-    int fd = atomic_load_explicit(&watch_eventfd, memory_order_acquire);
-    if (fd >= 0) {
-        uint64_t one = 1;
-        ssize_t ignored = write(fd, &one, sizeof one); // EAGAIN only at 2^64 - 1
-        (void)ignored;
+    for (int slot = 0; slot < CSHIMS_SIGNAL_WATCH_SLOTS; slot++) {
+        int fd = atomic_load_explicit(&watch_eventfds[slot], memory_order_acquire);
+        if (fd >= 0) {
+            uint64_t one = 1;
+            ssize_t ignored = write(fd, &one, sizeof one); // EAGAIN only at 2^64 - 1
+            (void)ignored;
+        }
     }
     const struct sigaction *previous = &saved[signo];
     if (previous->sa_flags & SA_SIGINFO) {
@@ -101,9 +105,14 @@ int cshims_signal_watch_refusal(int signo) {
     return 0;
 }
 
-int cshims_signal_watch_install(int signo, int eventfd) {
+int cshims_signal_watch_set_eventfd(int slot, int eventfd) {
+    if (slot < 0 || slot >= CSHIMS_SIGNAL_WATCH_SLOTS) return -EINVAL;
+    atomic_store_explicit(&watch_eventfds[slot], eventfd, memory_order_release);
+    return 0;
+}
+
+int cshims_signal_watch_install(int signo) {
     if (cshims_signal_watch_refusal(signo)) return -EINVAL;
-    atomic_store_explicit(&watch_eventfd, eventfd, memory_order_release);
     struct sigaction previous;
     if (sigaction(signo, NULL, &previous) != 0) return -errno;
     if ((previous.sa_flags & SA_SIGINFO) && previous.sa_sigaction == observe) return 0; // already ours

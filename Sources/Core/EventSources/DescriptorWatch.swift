@@ -156,6 +156,14 @@ final class DescriptorWatch: SourceWatch, @unchecked Sendable {
         if !atEnd.load(ordering: .relaxed) { arm(for: source, at: placement) }
     }
 
+    var placementName: String? {
+        switch lock.withLock({ place }) {
+        case .loop(let loop, _, _): EventReactor.existingLoop() === loop ? "reactor" : "loop"
+        case .pool: "pool"
+        case nil: nil
+        }
+    }
+
     func stop() {
         let old: Place? = lock.withLock {
             stopped = true

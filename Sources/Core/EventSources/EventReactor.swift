@@ -2,15 +2,16 @@
 import Glibc
 #endif
 
-/// The thread that watches the process-wide mechanisms of event sources
-/// (signals, inotify, the clock-set notice) for every source, and process
-/// exits for sources whose handlers run on work queues: a `ThreadLoop` on a
-/// thread of its own ("spindle.events"), started on first use and running
-/// for the rest of the process; a handler call is submitted to the
-/// source's queue from this thread. The descriptors and timers of queue
-/// sources are not here: an idle pool worker waits for them and runs their
-/// calls itself (`PoolPoller`), which saves the hand-off from this thread to
-/// a worker.
+/// The event driver's fallback thread ("spindle.events"): a `ThreadLoop`
+/// on a thread of its own, started on first use and running for the rest
+/// of the process. It waits for what neither a loop nor the pool's poller
+/// can: the process-wide mechanisms of sources whose handlers run on loops
+/// (the signals' eventfd and an inotify instance: a loop cannot wait for a
+/// process-wide descriptor itself), the clock-set notice of wall-clock
+/// timers, and the pool poller's watchdog timer. Sources on work queues are
+/// not here: an idle pool worker waits for them in the poller and runs
+/// their calls itself (`PoolPoller`). See "The event driver" in the
+/// documentation for where each kind of watch lives.
 ///
 /// What runs on this thread is short: merging an event into its source and
 /// submitting a call. No user code runs here.
@@ -49,6 +50,11 @@ enum EventReactor {
         return started.loop
     }
 
+    /// The reactor's loop if its thread has started (nothing is started).
+    static func existingLoop() -> ThreadLoop? {
+        lock.withLock { thread?.loop }
+    }
+
     /// In a child after `fork()`: the reactor's thread is the parent's; the
     /// child's next source starts its own. The parent's loop object is left
     /// alone (its teardown would act on the parent's kernel objects).
@@ -56,8 +62,11 @@ enum EventReactor {
         lock.reinitializeAfterFork()
         if let thread { _ = Unmanaged.passRetained(thread) }
         thread = nil
-        SignalWatch.Registry.shared.childAfterFork()
-        FileSystemWatch.Registry.shared.childAfterFork()
+        SignalWatch.Registry.pool.childAfterFork()
+        SignalWatch.Registry.reactor.childAfterFork()
+        SignalWatch.Registry.observers.childAfterFork()
+        FileSystemWatch.Registry.pool.childAfterFork()
+        FileSystemWatch.Registry.reactor.childAfterFork()
         TimerQueue.shared.childAfterFork()
         TimerWatch.WallClockRegistry.shared.childAfterFork()
         PollerWatchdog.shared.childAfterFork()

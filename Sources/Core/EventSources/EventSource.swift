@@ -48,17 +48,17 @@ import Synchronization
 /// replaced at any time, from any thread; a call already started uses the
 /// old one.
 ///
-/// **Where handlers run.** `.queue(q)`: as work items on `q`. Descriptors
-/// and timers are watched by an idle worker of Spindle's pool, which runs
-/// the call itself when the event comes (one wake-up per event; see
-/// "Event sources" in the README for what that costs while every worker is
-/// busy); process exits go through Spindle's reactor thread
-/// ("spindle.events", started on first use), which submits handler calls.
-/// `.loop(l, modes:)`: on `l`'s thread during passes in one of `modes`; the
-/// loop's own event backend watches the kernel object, so no other thread is
-/// involved. Signals and file-system watches are process-wide mechanisms and
-/// always go through the reactor. `setTarget(_:)` moves a source at any
-/// time.
+/// **Where handlers run.** `.queue(q)`: as work items on `q`. Every kind
+/// is watched by an idle worker of Spindle's pool, which runs the call
+/// itself when the event comes (one wake-up per event; see "Event sources"
+/// in the README for what that costs while every worker is busy).
+/// `.loop(l, modes:)`: on `l`'s thread during passes in one of `modes`;
+/// the loop's own event backend watches descriptors, timers and process
+/// exits, so no other thread is involved. Signals and file-system watches
+/// are process-wide mechanisms that a loop cannot wait for itself: for a
+/// loop target they go through Spindle's reactor thread ("spindle.events",
+/// started on first use), which submits the calls to the loop.
+/// `setTarget(_:)` moves a source, and its watch, at any time.
 ///
 /// Thread-safe: every method may be called from any thread. Misuse (merging
 /// into a source that is not a data source, resuming more than suspended)
@@ -475,6 +475,12 @@ public final class EventSource: @unchecked Sendable, CustomStringConvertible {
     /// nil for other kinds. A test's count: a timer whose call is pending
     /// is disarmed and fires no more until the call has run. Never blocks.
     package var timerFirings: Int? { (watch as? TimerWatch)?.firingCount }
+
+    /// Where the source's kernel watch is now: "loop" (its target loop's
+    /// backend), "pool" (the pool's poller), "reactor" (the reactor
+    /// thread); nil for a data source, an always-ready descriptor, a timer,
+    /// and a watch that is not (or no longer) anywhere. A test's view.
+    package var watchPlacementName: String? { watch?.placementName }
 
     /// Ends a registration or event call and submits the next one, if any.
     private func finishCall() {

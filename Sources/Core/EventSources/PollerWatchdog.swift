@@ -17,7 +17,7 @@ final class PollerWatchdog: PoolPoller.Watchdog, @unchecked Sendable {
     }()
 
     private let lock = GuardLock()
-    private var timer = ReactorDescriptor()
+    private var timer = ProcessWideDescriptor()
 
     /// Has the reactor call `PoolPoller.watchdogFired` once, after
     /// `interval`; false if it cannot. Any thread. If the kernel refuses the
@@ -29,7 +29,7 @@ final class PollerWatchdog: PoolPoller.Watchdog, @unchecked Sendable {
         // never taken inside this one.
         guard let reactor = try? EventReactor.loop() else { return false }
         let fd: Int32? = lock.withLock {
-            try? timer.open(on: reactor, Self.makeTimer) { [unowned self] in self.expired() }
+            try? timer.watch(at: .loop(reactor), Self.makeTimer) { [unowned self] in self.expired() }
         }
         guard let fd else { return false }
         return cshims_monotonic_timer_arm(fd, interval.nanosecondsSaturating) == 0

@@ -26,6 +26,9 @@ protocol SourceWatch: AnyObject, Sendable {
     func stop()
     /// Releases what the watch owns (after the cancel handler has run).
     func finish()
+    /// Where the kernel watch is now ("loop", "pool", "reactor"), nil when
+    /// it is nowhere (not started, fired for good, stopped). A test's view.
+    var placementName: String? { get }
 }
 
 extension SourceWatch {
@@ -33,4 +36,5 @@ extension SourceWatch {
     func take(for source: EventSource) -> UInt64? { source.nonZero(source.takeAccumulated()) }
     func handlerReturned(for source: EventSource) {}
     func finish() {}
+    var placementName: String? { nil }
 }

@@ -331,7 +331,7 @@ extension TimerWatch {
         static let shared = WallClockRegistry()
 
         private let lock = GuardLock()
-        private var timerfd = ReactorDescriptor()
+        private var timerfd = ProcessWideDescriptor()
         private var watches: [ObjectIdentifier: TimerWatch] = [:]
 
         /// Registers `watch` (again: nothing). Any thread.
@@ -345,7 +345,7 @@ extension TimerWatch {
             // never the other way round): a `stop` or a last firing that
             // raced this start unregisters after it, or is seen here.
             guard watch.hasDueTime else { return }
-            let fd = try timerfd.open(on: reactor, EventSourceCalls.clockChangeTimer) { [unowned self] in self.deliver() }
+            let fd = try timerfd.watch(at: .loop(reactor), EventSourceCalls.clockChangeTimer) { [unowned self] in self.deliver() }
             if watches.isEmpty {
                 // A notice left from an earlier arming is consumed here; the
                 // timers registered then are gone, this one not yet scheduled.

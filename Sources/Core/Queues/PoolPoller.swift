@@ -29,9 +29,13 @@ import Synchronization
 /// workers compute, and a steady stream of events costs the reactor one
 /// wake-up per interval at most, none while idle. A worker that enters a
 /// blocking wait while the poller is unheld also wakes another to hold it.
-/// Sources whose handlers run on a `ThreadLoop`, and the process-wide
-/// mechanisms (signals, inotify, process exits, the clock-set notice), stay
-/// on their loop or the reactor thread.
+/// Every kind of queue source waits here: descriptors, timers (the
+/// `TimerQueue` heap), process exits (their pidfds), and the process-wide
+/// descriptors of the queue sources' signal and file-system registries
+/// (an eventfd, an inotify instance: persistent registrations, re-armed by
+/// the holder). Sources whose handlers run on a `ThreadLoop` wait on their
+/// loop (or, process-wide, on the reactor thread), as does the clock-set
+/// notice.
 ///
 /// **Threads.** `register`, `rearm`, `deregister`, `wake` and
 /// `timersChanged` from any thread. `waitAndDispatch` only by the holder
@@ -69,6 +73,14 @@ final class PoolPoller: @unchecked Sendable {
     /// report (readiness, or a failure of the kernel watch).
     typealias Handler = @Sendable (ReadyEvent) -> Void
 
+    /// A registration's handler, and whether the holder re-arms it itself
+    /// after each report (a process-wide descriptor that is always watched:
+    /// the signals' eventfd, the inotify instance) rather than its owner.
+    struct Registration {
+        let handler: Handler
+        let persistent: Bool
+    }
+
     /// One epoll registry and its handlers. A child after `fork()` leaves
     /// the parent's (its epoll instance is the parent's too) and makes its
     /// own; a watch registered with the parent's keeps pointing at it and
@@ -76,7 +88,7 @@ final class PoolPoller: @unchecked Sendable {
     final class State: @unchecked Sendable {
         // @unchecked: `handlers` under the poller's lock; `retired` atomic.
         let registry: EventRegistry
-        var handlers: [UInt64: Handler] = [:]
+        var handlers: [UInt64: Registration] = [:]
         /// Set in a child after `fork()`, read by every re-arm: an atomic,
         /// so the re-arm path takes no lock.
         let retired = Atomic<Bool>(false)
@@ -136,12 +148,13 @@ final class PoolPoller: @unchecked Sendable {
         _ = try current()
     }
 
-    /// Watches `fd` for `interest` (one-shot: re-armed with `rearm`);
-    /// `handler` runs on the worker that sees the report. Returns the state
+    /// Watches `fd` for `interest` (one-shot: re-armed with `rearm`; or,
+    /// `persistent`, re-armed by the holder after each report's handler
+    /// returned); `handler` runs on the worker that sees the report. Returns the state
     /// and token that name the registration. Throws what the registry
     /// throws for a descriptor that cannot be waited on.
     func register(
-        _ fd: Int32, for interest: Readiness, _ handler: @escaping Handler
+        _ fd: Int32, for interest: Readiness, persistent: Bool = false, _ handler: @escaping Handler
     ) throws(DescriptorWatchError) -> (State, UInt64) {
         let state: State
         do throws(SystemCallError) {
@@ -150,7 +163,7 @@ final class PoolPoller: @unchecked Sendable {
             throw DescriptorWatchError(descriptor: fd, reason: .kernelRefused, code: error.code)
         }
         let token = try state.registry.register(fd, for: interest)
-        lock.withLock { state.handlers[token] = handler }
+        lock.withLock { state.handlers[token] = Registration(handler: handler, persistent: persistent) }
         AtomicMemory.add(1, to: watchCount, ordering: .sequentiallyConsistent)
         // The holder applies the registration at its next wait: wake it, or
         // find a worker to hold the poller.
@@ -292,8 +305,10 @@ final class PoolPoller: @unchecked Sendable {
         _ = state.registry.wait(until: deadline, events: &events)
         var ran = false
         for event in events {
-            guard let handler = lock.withLock({ state.handlers[event.token] }) else { continue }
-            handler(event)
+            guard let registration = lock.withLock({ state.handlers[event.token] }) else { continue }
+            registration.handler(event)
+            // On the holder, the registry's owner: applied at its next wait.
+            if registration.persistent && event.failure == nil { state.registry.rearm(event.token) }
             ran = true
         }
         if let timers, timers.fireDue() { ran = true }
