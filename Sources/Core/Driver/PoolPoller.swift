@@ -98,8 +98,17 @@ final class PoolPoller: @unchecked Sendable {
         }
     }
 
-    /// The pool whose workers hold it.
-    private let poolRef: Unmanaged<WorkerPool>
+    /// What the poller asks of the pool whose workers hold it (the Queues
+    /// layer, above this one, implements it: `WorkerPool`).
+    protocol Workers: AnyObject, Sendable {
+        /// Wakes a parked worker, or starts one within the pool's bound, so
+        /// that somebody comes to hold the poller.
+        func wakeForPoller()
+    }
+
+    /// The pool whose workers hold it. Unowned: the pool owns the poller,
+    /// and pools live for the rest of the process.
+    private unowned(unsafe) let pool: any Workers
     private let lock = GuardLock()
     private var state: State?
     private var timers: Timers?
@@ -114,8 +123,8 @@ final class PoolPoller: @unchecked Sendable {
     /// The holder's reports of its current wait.
     private var events: [ReadyEvent] = []
 
-    init(pool: WorkerPool) {
-        poolRef = Unmanaged.passUnretained(pool)
+    init(pool: any Workers) {
+        self.pool = pool
         let words = allocateStableWords(byteCount: 192)
         holdWord = words.assumingMemoryBound(to: Int.self)
         watchCount = (words + 64).assumingMemoryBound(to: Int.self)
@@ -215,7 +224,7 @@ final class PoolPoller: @unchecked Sendable {
         if AtomicMemory.load(from: holdWord, ordering: .sequentiallyConsistent) != 0 {
             wake()
         } else {
-            poolRef._withUnsafeGuaranteedRef { $0.wakeOne() }
+            pool.wakeForPoller()
             armWatchdogIfUnheld()
         }
     }
@@ -247,7 +256,7 @@ final class PoolPoller: @unchecked Sendable {
         if isWatching, tryHold() {
             _ = waitAndDispatch(block: false)
             AtomicMemory.store(0, to: holdWord, ordering: .sequentiallyConsistent)
-            poolRef._withUnsafeGuaranteedRef { $0.wakeOne() }
+            pool.wakeForPoller()
             return true
         }
         AtomicMemory.store(0, to: watchdogWord, ordering: .sequentiallyConsistent)

@@ -34,7 +34,7 @@
 /// start from 1677 to 2262); the arithmetic between two of them is done in
 /// `Int128`, so a start long past (near `Int64.min`) counts its periods
 /// without overflow.
-final class TimerWatch: SourceWatch, @unchecked Sendable {
+final class TimerWatch: SourceWatch, TimerQueue.Owner, @unchecked Sendable {
     // @unchecked: everything mutable is guarded by `lock`.
 
     let start: EventSource.TimerStart
@@ -312,6 +312,19 @@ final class TimerWatch: SourceWatch, @unchecked Sendable {
             ? WallClock.Instant(secondsSinceEpoch: seconds - 1, nanoseconds: Int32(nanoseconds + 1_000_000_000))
             : WallClock.Instant(secondsSinceEpoch: seconds, nanoseconds: Int32(nanoseconds))
     }
+}
+
+extension TimerQueue {
+    /// The heap of the timer sources on work queues, in the standard pool's
+    /// poller, made with the first of them (with the poller's watchdog).
+    static let shared: TimerQueue = {
+        guard let poller = WorkerPool.standard.poller else {
+            fatalError("TimerQueue: the standard pool has no poller")
+        }
+        let made = TimerQueue(poller: poller)
+        _ = PollerWatchdog.shared
+        return made
+    }()
 }
 
 extension TimerWatch {
