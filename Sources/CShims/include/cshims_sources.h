@@ -21,8 +21,10 @@ int cshims_signal_watch_set_eventfd(int slot, int eventfd);
 // Installs Spindle's observer for `signo`: a sigaction(2) handler that adds
 // 1 to the signal's delivery count, writes 1 to each slot's eventfd, then does what
 // the disposition it replaced meant: calls the previous handler, ignores
-// (SIG_IGN, or SIG_DFL of a signal whose default is to ignore), stops the
-// process (SIG_DFL of SIGTSTP, SIGTTIN, SIGTTOU) or terminates it (any other
+// (SIG_IGN, or SIG_DFL of a signal whose default is to ignore), has the
+// kernel apply the default of SIGTSTP, SIGTTIN, SIGTTOU (the default put
+// back and the signal raised again: it stops the process, or is discarded
+// in an orphaned process group, then the observer is reinstalled) or terminates it (any other
 // SIG_DFL: the default is restored and the signal raised again, so the
 // process dies of it as it would have). The previous disposition's mask and
 // SA_RESTART choice are kept.
