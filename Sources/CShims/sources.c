@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <linux/sockios.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -46,8 +47,13 @@ _Static_assert(CSHIMS_FD_SOCKET == S_IFSOCK && CSHIMS_FD_FIFO == S_IFIFO,
 // sigaction(2) is a full barrier for the signal it installs), and not again
 // until a later install after a restore.
 static struct sigaction saved[WATCH_SIGNALS];
+// The observer's own disposition for each signal, as installed: put back
+// after a stop signal's default action has been applied (see observe).
+static struct sigaction installed[WATCH_SIGNALS];
 static _Atomic uint64_t delivered[WATCH_SIGNALS];
-static _Atomic int watch_eventfd = -1;
+// The eventfds the observer writes, one per place that waits for signals
+// (the pool's poller, the reactor); -1 where none is set.
+static _Atomic int watch_eventfds[CSHIMS_SIGNAL_WATCH_SLOTS] = {-1, -1};
 
 static int default_ignores(int signo) {
     return signo == SIGCHLD || signo == SIGCONT || signo == SIGURG || signo == SIGWINCH;
@@ -60,11 +66,13 @@ static int default_stops(int signo) {
 static void observe(int signo, siginfo_t *info, void *context) {
     int saved_errno = errno;
     atomic_fetch_add_explicit(&delivered[signo], 1, memory_order_release);
-    int fd = atomic_load_explicit(&watch_eventfd, memory_order_acquire);
-    if (fd >= 0) {
-        uint64_t one = 1;
-        ssize_t ignored = write(fd, &one, sizeof one); // EAGAIN only at 2^64 - 1
-        (void)ignored;
+    for (int slot = 0; slot < CSHIMS_SIGNAL_WATCH_SLOTS; slot++) {
+        int fd = atomic_load_explicit(&watch_eventfds[slot], memory_order_acquire);
+        if (fd >= 0) {
+            uint64_t one = 1;
+            ssize_t ignored = write(fd, &one, sizeof one); // EAGAIN only at 2^64 - 1
+            (void)ignored;
+        }
     }
     const struct sigaction *previous = &saved[signo];
     if (previous->sa_flags & SA_SIGINFO) {
@@ -73,7 +81,24 @@ static void observe(int signo, siginfo_t *info, void *context) {
         // The program ignored it: so do we.
     } else if (previous->sa_handler == SIG_DFL) {
         if (default_stops(signo)) {
-            kill(getpid(), SIGSTOP);
+            // Let the kernel apply the default itself, so that it applies
+            // its own rule: stop the process, unless its process group is
+            // orphaned, where SIGTSTP, SIGTTIN and SIGTTOU are discarded
+            // (raising SIGSTOP instead would stop it even there). Once
+            // continued (or at once, if discarded), the observer goes back.
+            // A delivery of the same signal in between meets the default
+            // and is not counted.
+            struct sigaction fallback;
+            memset(&fallback, 0, sizeof fallback);
+            fallback.sa_handler = SIG_DFL;
+            sigaction(signo, &fallback, NULL);
+            sigset_t only, before;
+            sigemptyset(&only);
+            sigaddset(&only, signo);
+            raise(signo);
+            pthread_sigmask(SIG_UNBLOCK, &only, &before);
+            pthread_sigmask(SIG_SETMASK, &before, NULL);
+            sigaction(signo, &installed[signo], NULL);
         } else if (!default_ignores(signo)) {
             // Terminate as the default would: put the default back and let
             // the signal arrive again once this handler unblocks it.
@@ -101,9 +126,14 @@ int cshims_signal_watch_refusal(int signo) {
     return 0;
 }
 
-int cshims_signal_watch_install(int signo, int eventfd) {
+int cshims_signal_watch_set_eventfd(int slot, int eventfd) {
+    if (slot < 0 || slot >= CSHIMS_SIGNAL_WATCH_SLOTS) return -EINVAL;
+    atomic_store_explicit(&watch_eventfds[slot], eventfd, memory_order_release);
+    return 0;
+}
+
+int cshims_signal_watch_install(int signo) {
     if (cshims_signal_watch_refusal(signo)) return -EINVAL;
-    atomic_store_explicit(&watch_eventfd, eventfd, memory_order_release);
     struct sigaction previous;
     if (sigaction(signo, NULL, &previous) != 0) return -errno;
     if ((previous.sa_flags & SA_SIGINFO) && previous.sa_sigaction == observe) return 0; // already ours
@@ -117,6 +147,7 @@ int cshims_signal_watch_install(int signo, int eventfd) {
     int handled = (previous.sa_flags & SA_SIGINFO) ||
                   (previous.sa_handler != SIG_IGN && previous.sa_handler != SIG_DFL);
     mine.sa_flags = SA_SIGINFO | SA_ONSTACK | (handled ? (previous.sa_flags & SA_RESTART) : SA_RESTART);
+    installed[signo] = mine;
     if (sigaction(signo, &mine, NULL) != 0) return -errno;
     return 0;
 }

@@ -94,6 +94,21 @@ struct EventSourceKernelTests {
         }
     }
 
+    /// SIGTSTP left at its default while a source observes it: in an
+    /// orphaned process group (a new session's) the kernel discards it, and
+    /// so does the observer, which lets the kernel apply the default: the
+    /// process is counted and never stops. In a group that is not orphaned
+    /// it still stops the process, which counts the delivery once continued.
+    /// Each case runs in a grandchild that the exit test's process watches
+    /// with `waitpid(WUNTRACED)`, so that a stop never hangs the test.
+    @Test func stopSignalsFollowTheKernelsRuleForOrphanedGroups() async {
+        await #expect(processExitsWith: .success) {
+            unblockAllSignals()
+            armHangAlarm(seconds: 60)
+            exit(stopSignalInGroups())
+        }
+    }
+
     /// With two sources on SIGHUP at its default, cancelling one leaves the
     /// observer in place; cancelling the last restores SIG_DFL, which then
     /// terminates the process.
@@ -567,6 +582,43 @@ private func countSignals() -> Int32 {
     usleep(10_000)
     guard rt.sum == 1000 else { return 10 }
     guard usr1.cancel(), marker.cancel(), rt.cancel() else { return 11 }
+    return 0
+}
+
+/// `stopSignalsFollowTheKernelsRuleForOrphanedGroups` in its own process:
+/// 0, or the failed check.
+private func stopSignalInGroups() -> Int32 {
+    for orphaned in [true, false] {
+        let child = fork()
+        if child == 0 {
+            // A new session: its only group is orphaned (the parent is in
+            // another session). A new group in this session: not orphaned
+            // (the parent is in another group of the same session).
+            if orphaned { guard setsid() > 0 else { _exit(20) } } else { guard setpgid(0, 0) == 0 else { _exit(21) } }
+            signal(SIGTSTP, SIG_DFL)
+            guard let tally = try? SignalTally(SIGTSTP, label: "kernel.tstp") else { _exit(22) }
+            tally.source.activate()
+            raise(SIGTSTP)  // stops here, unless orphaned
+            guard eventually({ tally.sum == 1 }) else { _exit(23) }
+            _exit(0)
+        }
+        guard child > 0 else { return 2 }
+        var stopped = false
+        var status: Int32 = 0
+        while true {
+            guard waitpid(child, &status, WUNTRACED) == child else { return 3 }
+            if status & 0xff == 0x7f {  // stopped
+                stopped = true
+                kill(child, SIGCONT)
+                continue
+            }
+            break
+        }
+        guard status & 0x7f == 0 else { return 4 }  // ended by a signal
+        let code = (status >> 8) & 0xff
+        guard code == 0 else { return 10 + code }
+        guard stopped == !orphaned else { return orphaned ? 5 : 6 }
+    }
     return 0
 }
 

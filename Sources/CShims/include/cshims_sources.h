@@ -11,16 +11,24 @@
 
 // MARK: Signals
 
+// How many eventfds the observer writes: one per place that waits for
+// signal sources (slot 0: the pool's poller; slot 1: the reactor thread).
+#define CSHIMS_SIGNAL_WATCH_SLOTS 2
+// Sets the eventfd of `slot` (-1: none) that every observer writes 1 to at
+// each delivery, for all signals. The store is releasing; the observer's
+// load acquiring. 0, or -EINVAL for a slot out of range.
+int cshims_signal_watch_set_eventfd(int slot, int eventfd);
 // Installs Spindle's observer for `signo`: a sigaction(2) handler that adds
-// 1 to the signal's delivery count, writes 1 to `eventfd`, then does what
+// 1 to the signal's delivery count, writes 1 to each slot's eventfd, then does what
 // the disposition it replaced meant: calls the previous handler, ignores
-// (SIG_IGN, or SIG_DFL of a signal whose default is to ignore), stops the
-// process (SIG_DFL of SIGTSTP, SIGTTIN, SIGTTOU) or terminates it (any other
+// (SIG_IGN, or SIG_DFL of a signal whose default is to ignore), has the
+// kernel apply the default of SIGTSTP, SIGTTIN, SIGTTOU (the default put
+// back and the signal raised again: it stops the process, or is discarded
+// in an orphaned process group, then the observer is reinstalled) or terminates it (any other
 // SIG_DFL: the default is restored and the signal raised again, so the
 // process dies of it as it would have). The previous disposition's mask and
-// SA_RESTART choice are kept. Every installed signal writes the same
-// eventfd: the last one given.
-int cshims_signal_watch_install(int signo, int eventfd);
+// SA_RESTART choice are kept.
+int cshims_signal_watch_install(int signo);
 // Puts back the disposition saved by the install, unless the program has
 // replaced Spindle's handler since (then that one stays). Returns 1 if it
 // restored, 0 if the program's newer disposition was left in place.

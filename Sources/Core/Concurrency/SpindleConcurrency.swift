@@ -144,10 +144,14 @@ final class PoolGlobalExecutor: TaskExecutor, SchedulingExecutor, CustomStringCo
     var description: String { "Spindle's worker pool (global executor)" }
 
     /// Queues `job` on the pool of its priority band. Never blocks (beyond
-    /// the ring's short lock).
+    /// the ring's short lock). The job runs with this executor as its task
+    /// executor (`WorkUnit.globalJob` carries it): the runtime treats that
+    /// as "no preference" (it compares a task's missing preference with the
+    /// default executor), so a hop to nonisolated code runs on without a
+    /// detour through the queue.
     func enqueue(_ job: consuming ExecutorJob) {
         let job = UnownedJob(job)
-        Self.queue(for: job).submit(.globalJob(job))
+        Self.queue(for: job).submit(.globalJob(job, asUnownedTaskExecutor()))
     }
 
     /// Holds `job` on Spindle's delay thread until `instant`, then queues it
@@ -156,20 +160,12 @@ final class PoolGlobalExecutor: TaskExecutor, SchedulingExecutor, CustomStringCo
     func enqueue<C: Clock>(_ job: consuming ExecutorJob, at instant: C.Instant, tolerance: C.Duration?, clock: C) {
         let job = UnownedJob(job)
         let deadline = Self.monotonicDeadline(instant, clock: clock)
-        DelayedWork.shared.schedule(.globalJob(job), on: Self.queue(for: job), at: deadline)
+        DelayedWork.shared.schedule(.globalJob(job, asUnownedTaskExecutor()), on: Self.queue(for: job), at: deadline)
     }
 
     /// Holds `job` for `delay` on `clock`; see `enqueue(_:at:tolerance:clock:)`.
     func enqueue<C: Clock>(_ job: consuming ExecutorJob, after delay: C.Duration, tolerance: C.Duration?, clock: C) {
         enqueue(job, at: clock.now.advanced(by: delay), tolerance: tolerance, clock: clock)
-    }
-
-    /// Runs a job taken from the pool, with this executor as its task
-    /// executor: the runtime treats that as "no preference" (it compares a
-    /// task's missing preference with the default executor), so a hop to
-    /// nonisolated code runs on without a detour through the queue.
-    static func run(_ job: UnownedJob) {
-        job.runSynchronously(on: shared.asUnownedTaskExecutor())
     }
 
     /// The global queue of `job`'s priority band (see `SpindleConcurrency`).
@@ -191,14 +187,6 @@ final class PoolGlobalExecutor: TaskExecutor, SchedulingExecutor, CustomStringCo
             return MonotonicClock.now.advanced(by: delay)
         }
         misuse("Swift's global executor (Spindle's pool): cannot time a job on \(clock), whose durations are not Swift.Duration")
-    }
-}
-#else
-/// Without the toolchain's executor factory nothing enqueues global jobs on
-/// Spindle; this only keeps `WorkUnit.globalJob` compiling.
-enum PoolGlobalExecutor {
-    static func run(_ job: UnownedJob) {
-        job.runSynchronously(on: WorkQueue.global().asUnownedTaskExecutor())
     }
 }
 #endif

@@ -23,10 +23,9 @@ final class DescriptorWatch: SourceWatch, @unchecked Sendable {
     let alwaysReady: Bool
 
     private let lock = GuardLock()
-    /// Where the kernel watch lives: a loop's source, or, for a work-queue
-    /// target (the reactor's loop is the place `EventSource` names for it),
-    /// a registration with the standard pool's poller, which an idle worker
-    /// waits on (see `PoolPoller`).
+    /// Where the kernel watch lives: a loop's source (the target's loop, or
+    /// the reactor's), or a registration with the standard pool's poller,
+    /// which an idle worker waits on (see `PoolPoller`).
     private enum Place {
         case loop(ThreadLoop, [LoopMode], LoopSource)
         case pool(PoolPoller, PoolPoller.State, token: UInt64)
@@ -46,18 +45,18 @@ final class DescriptorWatch: SourceWatch, @unchecked Sendable {
         alwaysReady = stat.type == EventSourceCalls.regularFile || stat.type == EventSourceCalls.directory
     }
 
-    func start(for source: EventSource, on loop: ThreadLoop, modes: [LoopMode]) {
+    func start(for source: EventSource, at placement: WatchPlacement) {
         if alwaysReady {
             source.noteEvent()
             return
         }
-        arm(for: source, on: loop, modes: modes)
+        arm(for: source, at: placement)
     }
 
-    /// Makes the kernel watch at `loop` (the pool's poller for the reactor).
-    private func arm(for source: EventSource, on loop: ThreadLoop, modes: [LoopMode]) {
+    /// Makes the kernel watch at `placement`.
+    private func arm(for source: EventSource, at placement: WatchPlacement) {
         let interest: Readiness = writing ? .writable : .readable
-        if loop === EventReactor.loop, let poller = WorkerPool.standard.poller {
+        if case .pool(let poller) = placement {
             _ = PollerWatchdog.shared
             // Registered under the lock, so that a report that comes at once
             // finds `place` set when its handler returns and re-arms.
@@ -74,6 +73,14 @@ final class DescriptorWatch: SourceWatch, @unchecked Sendable {
                 }
             }
             if let failure { source.fail(.watchFailed(failure)) }
+            return
+        }
+        let loop: ThreadLoop, modes: [LoopMode]
+        do throws(EventSourceError) {
+            guard let found = try placement.loopAndModes() else { return }
+            (loop, modes) = found
+        } catch {
+            source.fail(error)
             return
         }
         let loopSource = LoopSource(
@@ -139,14 +146,22 @@ final class DescriptorWatch: SourceWatch, @unchecked Sendable {
         }
     }
 
-    func move(for source: EventSource, to loop: ThreadLoop, modes: [LoopMode]) {
+    func move(for source: EventSource, to placement: WatchPlacement) {
         if alwaysReady { return }
         let old: Place? = lock.withLock {
             defer { place = nil }
             return place
         }
         Self.leave(old)
-        if !atEnd.load(ordering: .relaxed) { arm(for: source, on: loop, modes: modes) }
+        if !atEnd.load(ordering: .relaxed) { arm(for: source, at: placement) }
+    }
+
+    var placementName: String? {
+        switch lock.withLock({ place }) {
+        case .loop(let loop, _, _): EventReactor.existingLoop() === loop ? "reactor" : "loop"
+        case .pool: "pool"
+        case nil: nil
+        }
     }
 
     func stop() {

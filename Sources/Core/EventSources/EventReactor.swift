@@ -1,12 +1,17 @@
-/// The thread that watches the process-wide mechanisms of event sources
-/// (signals, inotify, the clock-set notice) for every source, and process
-/// exits for sources whose handlers run on work queues: a `ThreadLoop` on a
-/// thread of its own ("spindle.events"), started on first use and running
-/// for the rest of the process; a handler call is submitted to the
-/// source's queue from this thread. The descriptors and timers of queue
-/// sources are not here: an idle pool worker waits for them and runs their
-/// calls itself (`PoolPoller`), which saves the hand-off from this thread to
-/// a worker.
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The event driver's fallback thread ("spindle.events"): a `ThreadLoop`
+/// on a thread of its own, started on first use and running for the rest
+/// of the process. It waits for what neither a loop nor the pool's poller
+/// can: the process-wide mechanisms of sources whose handlers run on loops
+/// (the signals' eventfd and an inotify instance: a loop cannot wait for a
+/// process-wide descriptor itself), the clock-set notice of wall-clock
+/// timers, and the pool poller's watchdog timer. Sources on work queues are
+/// not here: an idle pool worker waits for them in the poller and runs
+/// their calls itself (`PoolPoller`). See "The event driver" in the
+/// documentation for where each kind of watch lives.
 ///
 /// What runs on this thread is short: merging an event into its source and
 /// submitting a call. No user code runs here.
@@ -18,27 +23,36 @@ enum EventReactor {
     private static let lock = GuardLock()
     nonisolated(unsafe) private static var thread: LoopThread?
 
-    /// The reactor's loop, starting its thread if needed. Stops the process
-    /// with a message if the thread cannot start (the process is out of
-    /// threads or memory): no source can work without it.
-    static var loop: ThreadLoop {
+    /// The reactor's loop, starting its thread if needed. Throws
+    /// `.systemCall` when the thread or its epoll instance cannot be made
+    /// (the process is out of threads, memory or descriptors); the source
+    /// that asked then fails with that error, and a later source tries
+    /// again.
+    static func loop() throws(EventSourceError) -> ThreadLoop {
         lock.lock()
         defer { lock.unlock() }
         if let thread { return thread.loop }
-        do {
+        let started: LoopThread
+        do throws(NativeThreadError) {
             // epoll, not io_uring: a worker that re-arms a watch after its
             // handler can then tell the kernel itself (`epoll_ctl` from any
             // thread) instead of waking this thread to submit for it.
-            let started = try LoopThread.start(NativeThread.Attributes(name: "spindle.events"), backend: .epoll)
-            // Workers re-arm its watches while it waits: it stays in
-            // epoll_wait, where each re-arm reaches it with no wake-up.
-            started.loop.registry.waitsInKernelWhileRegistered = true
-            ForkHandlers.install()
-            thread = started
-            return started.loop
+            started = try LoopThread.start(NativeThread.Attributes(name: "spindle.events"), backend: .epoll)
         } catch {
-            misuse("EventSource: cannot start the reactor thread \"spindle.events\": \(error)")
+            if case .systemCall(let refusal) = error { throw .systemCall(refusal) }
+            throw .systemCall(SystemCallError(call: "starting the reactor thread \"spindle.events\" (\(error))", code: EAGAIN))
         }
+        // Workers re-arm its watches while it waits: it stays in
+        // epoll_wait, where each re-arm reaches it with no wake-up.
+        started.loop.registry.waitsInKernelWhileRegistered = true
+        ForkHandlers.install()
+        thread = started
+        return started.loop
+    }
+
+    /// The reactor's loop if its thread has started (nothing is started).
+    static func existingLoop() -> ThreadLoop? {
+        lock.withLock { thread?.loop }
     }
 
     /// In a child after `fork()`: the reactor's thread is the parent's; the
@@ -48,8 +62,11 @@ enum EventReactor {
         lock.reinitializeAfterFork()
         if let thread { _ = Unmanaged.passRetained(thread) }
         thread = nil
-        SignalWatch.Registry.shared.childAfterFork()
-        FileSystemWatch.Registry.shared.childAfterFork()
+        SignalWatch.Registry.pool.childAfterFork()
+        SignalWatch.Registry.reactor.childAfterFork()
+        SignalWatch.Registry.observers.childAfterFork()
+        FileSystemWatch.Registry.pool.childAfterFork()
+        FileSystemWatch.Registry.reactor.childAfterFork()
         TimerQueue.shared.childAfterFork()
         TimerWatch.WallClockRegistry.shared.childAfterFork()
         PollerWatchdog.shared.childAfterFork()

@@ -48,17 +48,18 @@ import Synchronization
 /// replaced at any time, from any thread; a call already started uses the
 /// old one.
 ///
-/// **Where handlers run.** `.queue(q)`: as work items on `q`. Descriptors
-/// and timers are watched by an idle worker of Spindle's pool, which runs
-/// the call itself when the event comes (one wake-up per event; see
-/// <doc:EventSources> for what happens while every worker is busy);
-/// process exits go through Spindle's reactor thread
-/// ("spindle.events", started on first use), which submits handler calls.
-/// `.loop(l, modes:)`: on `l`'s thread during passes in one of `modes`; the
-/// loop's own event backend watches the kernel object, so no other thread is
-/// involved. Signals and file-system watches are process-wide mechanisms and
-/// always go through the reactor. `setTarget(_:)` moves a source at any
-/// time.
+/// **Where handlers run.** `.queue(q)`: as work items on `q`. Every kind
+/// is watched by an idle worker of Spindle's pool, which runs the call
+/// itself when the event comes (one wake-up per event; see
+/// <doc:EventSources> and <doc:EventDriver> for what that costs while
+/// every worker is busy).
+/// `.loop(l, modes:)`: on `l`'s thread during passes in one of `modes`;
+/// the loop's own event backend watches descriptors, timers and process
+/// exits, so no other thread is involved. Signals and file-system watches
+/// are process-wide mechanisms that a loop cannot wait for itself: for a
+/// loop target they go through Spindle's reactor thread ("spindle.events",
+/// started on first use), which submits the calls to the loop.
+/// `setTarget(_:)` moves a source, and its watch, at any time.
 ///
 /// Thread-safe: every method may be called from any thread. Misuse (merging
 /// into a source that is not a data source, resuming more than suspended)
@@ -277,8 +278,7 @@ public final class EventSource: @unchecked Sendable, CustomStringConvertible {
         }
         guard first else { return }
         if !isCancelled, let watch {
-            let (loop, modes) = Self.watchPlace(for: target, watch: watch)
-            watch.start(for: self, on: loop, modes: modes)
+            watch.start(for: self, at: Self.placement(for: target, watch: watch))
         }
         var s = state.load(ordering: .relaxed)
         while true {
@@ -354,17 +354,24 @@ public final class EventSource: @unchecked Sendable, CustomStringConvertible {
             return (guarded.target, guarded.activated)
         }
         guard activated, !isCancelled, let watch else { return }
-        let before = Self.watchPlace(for: old, watch: watch)
-        let after = Self.watchPlace(for: target, watch: watch)
-        if before.0 !== after.0 || before.1 != after.1 {
-            watch.move(for: self, to: after.0, modes: after.1)
-        }
+        let before = Self.placement(for: old, watch: watch)
+        let after = Self.placement(for: target, watch: watch)
+        if !before.isSame(as: after) { watch.move(for: self, to: after) }
     }
 
-    /// Where a kind's kernel watch lives for `target`.
-    static func watchPlace(for target: Target, watch: any SourceWatch) -> (ThreadLoop, [LoopMode]) {
-        if case .loop(let loop, let modes) = target, !watch.isProcessWide { return (loop, modes) }
-        return (EventReactor.loop, [.default])
+    /// Where a kind's kernel watch lives for `target` (see `WatchPlacement`):
+    /// on a loop target, in the loop's own backend, except for the
+    /// process-wide mechanisms, which the reactor watches; on a queue
+    /// target, in the standard pool's poller (the reactor only if the pool
+    /// has none). Starts nothing.
+    static func placement(for target: Target, watch: any SourceWatch) -> WatchPlacement {
+        switch target {
+        case .loop(let loop, let modes):
+            return watch.isProcessWide ? .reactor : .loop(loop, modes: modes)
+        case .queue:
+            if let poller = WorkerPool.standard.poller { return .pool(poller) }
+            return .reactor
+        }
     }
 
     // MARK: Calls
@@ -469,6 +476,12 @@ public final class EventSource: @unchecked Sendable, CustomStringConvertible {
     /// nil for other kinds. A test's count: a timer whose call is pending
     /// is disarmed and fires no more until the call has run. Never blocks.
     package var timerFirings: Int? { (watch as? TimerWatch)?.firingCount }
+
+    /// Where the source's kernel watch is now: "loop" (its target loop's
+    /// backend), "pool" (the pool's poller), "reactor" (the reactor
+    /// thread); nil for a data source, an always-ready descriptor, a timer,
+    /// and a watch that is not (or no longer) anywhere. A test's view.
+    package var watchPlacementName: String? { watch?.placementName }
 
     /// Ends a registration or event call and submits the next one, if any.
     private func finishCall() {

@@ -84,9 +84,15 @@ enum EventSourceCalls {
         if rc < 0 { misuse("read of Spindle's signal eventfd \(fd) failed: \(errnoDescription(-rc))") }
     }
 
-    static func installSignalObserver(_ signal: Int32, eventfd: Int32) throws(EventSourceError) {
-        let rc = cshims_signal_watch_install(signal, eventfd)
+    static func installSignalObserver(_ signal: Int32) throws(EventSourceError) {
+        let rc = cshims_signal_watch_install(signal)
         if rc < 0 { throw .systemCall(SystemCallError(call: "sigaction", code: -rc)) }
+    }
+
+    /// Has every signal observer write `eventfd` (-1: nothing) in `slot`.
+    static func setSignalEventfd(slot: Int32, _ eventfd: Int32) {
+        let rc = cshims_signal_watch_set_eventfd(slot, eventfd)
+        if rc < 0 { misuse("signal observer slot \(slot) is out of range") }
     }
 
     static func restoreSignal(_ signal: Int32) {

@@ -1,7 +1,10 @@
 import CShims
 
 /// The watch of a file-system object source. One inotify instance serves
-/// the whole process (on the reactor); each source's descriptor is watched
+/// the sources on work queues (waited for in the pool's poller, whose
+/// worker runs their calls), another the sources on loops (waited for on
+/// the reactor thread: a loop cannot wait for a process-wide instance
+/// itself); each source's descriptor is watched
 /// through `/proc/self/fd/N`, so the watch is on the inode and follows the
 /// file through renames. Sources on the same file share the kernel watch
 /// (inotify gives one watch descriptor per inode); the watch goes when the
@@ -19,7 +22,9 @@ import CShims
 /// entries (a file in it written or chmodded: `IN_MODIFY`, `IN_ATTRIB` with
 /// the entry's name) are not the directory's, and are dropped.
 final class FileSystemWatch: SourceWatch, @unchecked Sendable {
-    // @unchecked: everything mutable is guarded by the registry's lock.
+    // @unchecked: `home` and `stopped` are guarded by `lock`; the rest of
+    // what is mutable by the registry's lock (taken inside `lock`, never
+    // the other way round).
 
     let descriptor: Int32
     let events: EventSource.FileEvents
@@ -30,9 +35,12 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
     fileprivate var links: UInt64
     fileprivate weak var source: EventSource?
     fileprivate var registered = false
-    /// Set by `stop`: a `start` that comes after it (a cancel racing the
-    /// activation) registers nothing.
-    fileprivate var stopped = false
+    private let lock = GuardLock()
+    /// The registry the watch is in, if any.
+    private var home: Registry?
+    /// Set by `stop`: a `start` or `move` that comes after it (a cancel
+    /// racing the activation) registers nothing.
+    private var stopped = false
 
     init(descriptor: Int32, events: EventSource.FileEvents) throws(EventSourceError) {
         require(descriptor >= 0, "EventSource.fileSystemObject: `descriptor` is \(descriptor); it must be an open descriptor")
@@ -59,17 +67,45 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
     /// A directory's entry events: one made, removed, or renamed out or in.
     private static let entryChanges = CSHIMS_IN_CREATE | CSHIMS_IN_DELETE | CSHIMS_IN_MOVED_FROM | CSHIMS_IN_MOVED_TO
 
-    func start(for source: EventSource, on loop: ThreadLoop, modes: [LoopMode]) {
-        do throws(EventSourceError) {
-            try Registry.shared.add(self, for: source)
-        } catch {
-            source.fail(error)
-        }
+    func start(for source: EventSource, at placement: WatchPlacement) {
+        enter(Registry.at(placement), for: source, moving: false)
     }
 
-    func move(for source: EventSource, to loop: ThreadLoop, modes: [LoopMode]) {}
+    /// Moves the watch between the pool's inotify instance and the
+    /// reactor's. Events between leaving one and joining the other are not
+    /// reported.
+    func move(for source: EventSource, to placement: WatchPlacement) {
+        enter(Registry.at(placement), for: source, moving: true)
+    }
 
-    func stop() { Registry.shared.remove(self) }
+    private func enter(_ next: Registry, for source: EventSource, moving: Bool) {
+        let failure: EventSourceError? = lock.withLock {
+            guard !stopped, home !== next, moving == (home != nil) else { return nil }
+            home?.remove(self)
+            home = nil
+            do throws(EventSourceError) {
+                try next.add(self, for: source)
+                home = next
+                return nil
+            } catch {
+                return error
+            }
+        }
+        // Outside the lock: failing cancels, and cancelling stops.
+        if let failure { source.fail(failure) }
+    }
+
+    var placementName: String? {
+        lock.withLock { home.map { $0 === Registry.pool ? "pool" : "reactor" } }
+    }
+
+    func stop() {
+        lock.withLock {
+            stopped = true
+            home?.remove(self)
+            home = nil
+        }
+    }
 
     /// The `FileEvents` that `mask` (from inotify) means for this watch,
     /// with the size and link count it last saw brought up to date. Under
@@ -101,25 +137,53 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
         return found.intersection(events)
     }
 
-    /// Every file-system object source of the process.
+    /// The file-system object sources of the process that wait in one
+    /// place, with their inotify instance: the pool's poller (`pool`) or
+    /// the reactor thread (`reactor`).
     final class Registry: @unchecked Sendable {
         // @unchecked: everything is guarded by `lock`.
 
-        static let shared = Registry()
+        /// Sources on work queues: their instance waits in the pool's poller.
+        static let pool = Registry(onPool: true)
+        /// Sources on loops: their instance waits on the reactor thread.
+        static let reactor = Registry(onPool: false)
 
+        /// The registry for a watch placed at `placement`.
+        static func at(_ placement: WatchPlacement) -> Registry {
+            if case .pool = placement { return pool }
+            return reactor
+        }
+
+        private let onPool: Bool
         private let lock = GuardLock()
-        private var inotify = ReactorDescriptor()
+        private var inotify = ProcessWideDescriptor()
         private var byWatch: [Int32: [FileSystemWatch]] = [:]
         private var wds = [Int32](repeating: 0, count: 256)
         private var masks = [UInt32](repeating: 0, count: 256)
 
+        private init(onPool: Bool) { self.onPool = onPool }
+
+        /// Where this registry's instance is watched; starts the reactor for
+        /// the reactor's registry (which may throw).
+        private func home() throws(EventSourceError) -> ProcessWideHome {
+            if onPool, let poller = WorkerPool.standard.poller { return .pool(poller) }
+            return .loop(try EventReactor.loop())
+        }
+
         func add(_ watch: FileSystemWatch, for source: EventSource) throws(EventSourceError) {
-            let reactor = EventReactor.loop
+            // Before the lock: starting the reactor takes the reactor's
+            // lock, which is never taken inside this one.
+            let home = try home()
             lock.lock()
             defer { lock.unlock() }
-            guard !watch.stopped else { return }
-            let fd = try inotify.open(on: reactor, EventSourceCalls.inotify) { [unowned self] in self.deliver() }
-            let wd = try EventSourceCalls.inotifyWatch(fd, descriptor: watch.descriptor, mask: watch.inotifyMask)
+            let fd = try inotify.watch(at: home, EventSourceCalls.inotify) { [unowned self] in self.deliver() }
+            let wd: Int32
+            do throws(EventSourceError) {
+                wd = try EventSourceCalls.inotifyWatch(fd, descriptor: watch.descriptor, mask: watch.inotifyMask)
+            } catch {
+                if byWatch.isEmpty { inotify.unwatch() }
+                throw error
+            }
             watch.wd = wd
             watch.source = source
             watch.registered = true
@@ -129,7 +193,8 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
         func remove(_ watch: FileSystemWatch) {
             lock.lock()
             defer { lock.unlock() }
-            watch.stopped = true
+            // Nothing left to wait for here: the poller may go unheld.
+            defer { if byWatch.isEmpty { inotify.unwatch() } }
             guard watch.registered else { return }
             watch.registered = false
             guard var list = byWatch[watch.wd] else { return }
@@ -142,7 +207,7 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
             }
         }
 
-        /// On the reactor, when the inotify descriptor is readable.
+        /// Where the instance waits, when it is readable.
         private func deliver() {
             var due: [(EventSource, EventSource.FileEvents)] = []
             lock.withLock {

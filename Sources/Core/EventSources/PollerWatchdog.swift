@@ -17,7 +17,7 @@ final class PollerWatchdog: PoolPoller.Watchdog, @unchecked Sendable {
     }()
 
     private let lock = GuardLock()
-    private var timer = ReactorDescriptor()
+    private var timer = ProcessWideDescriptor()
 
     /// Has the reactor call `PoolPoller.watchdogFired` once, after
     /// `interval`; false if it cannot. Any thread. If the kernel refuses the
@@ -27,9 +27,9 @@ final class PollerWatchdog: PoolPoller.Watchdog, @unchecked Sendable {
     func arm(after interval: Duration) -> Bool {
         // The reactor first: starting it takes the reactor's lock, which is
         // never taken inside this one.
-        let reactor = EventReactor.loop
+        guard let reactor = try? EventReactor.loop() else { return false }
         let fd: Int32? = lock.withLock {
-            try? timer.open(on: reactor, Self.makeTimer) { [unowned self] in self.expired() }
+            try? timer.watch(at: .loop(reactor), Self.makeTimer) { [unowned self] in self.expired() }
         }
         guard let fd else { return false }
         return cshims_monotonic_timer_arm(fd, interval.nanosecondsSaturating) == 0

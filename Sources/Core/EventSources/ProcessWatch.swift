@@ -1,24 +1,35 @@
 /// The watch of a process source: a pidfd (`pidfd_open`), which becomes
-/// readable when the process exits, watched on a loop. The exit happens
-/// once, so the watch leaves the loop when it fires and never re-arms. For
-/// a child, the status is read with `waitid(P_PIDFD, WNOWAIT)`, which leaves
+/// readable when the process exits, watched where the source's calls run:
+/// in the target loop's own backend, or, for a work-queue target, in the
+/// pool's poller (the worker that sees the exit runs the call). The exit
+/// happens once, so the watch ends when it fires and never re-arms. For a
+/// child, the status is read with `waitid(P_PIDFD, WNOWAIT)`, which leaves
 /// the child to be reaped by whoever waits for it.
 ///
 /// The pidfd is the watch's own, and it is closed once nothing uses it:
 /// `users` counts the watch's own hold (given up by `finish`, after the
-/// cancel handler) and each exit report in progress (the loop's thread,
-/// which for a queue target is the reactor's, reads the status while the
-/// cancel call may be running on a worker). Whoever drops the count to 0
-/// closes, so a report never reads a descriptor that was closed (or,
-/// worse, one whose number was given to another file meanwhile).
+/// cancel handler) and each exit report in progress (the loop's thread, or
+/// the poller's holder, reads the status while the cancel call may be
+/// running on a worker). Whoever drops the count to 0 closes, so a report
+/// never reads a descriptor that was closed (or, worse, one whose number
+/// was given to another file meanwhile). The kernel watch itself is ended
+/// (`stop`) before the watch's hold is given up, so no backend watches a
+/// closed pidfd.
 final class ProcessWatch: SourceWatch, @unchecked Sendable {
-    // @unchecked: `loopSource`, `users`, `stopped` and `finished` are guarded by
-    // `lock`; the rest is immutable.
+    // @unchecked: `place`, `fired`, `users`, `stopped` and `finished` are
+    // guarded by `lock`; the rest is immutable.
 
     let pid: Int32
     let pidfd: Int32
     private let lock = GuardLock()
-    private var loopSource: LoopSource?
+    /// Where the kernel watch is, until it fires or stops.
+    private var place: Place?
+    private enum Place {
+        case loop(LoopSource)
+        case pool(PoolPoller, PoolPoller.State, token: UInt64)
+    }
+    /// The exit was reported: nothing is left to watch or move.
+    private var fired = false
     /// Holders of the pidfd: 1 for the watch itself until `finish`, plus
     /// one per exit report running; 0 once closed.
     private var users = 1
@@ -60,44 +71,118 @@ final class ProcessWatch: SourceWatch, @unchecked Sendable {
         if last { EventSourceCalls.close(pidfd) }
     }
 
-    func start(for source: EventSource, on loop: ThreadLoop, modes: [LoopMode]) {
+    func start(for source: EventSource, at placement: WatchPlacement) {
+        do throws(EventSourceError) {
+            if case .pool(let poller) = placement {
+                try startInPool(poller, for: source)
+            } else if let (loop, modes) = try placement.loopAndModes() {
+                startOnLoop(loop, modes: modes, for: source)
+            }
+        } catch {
+            source.fail(error)
+        }
+    }
+
+    /// The pidfd is readable: the process exited. Reads its status (for a
+    /// child) and reports the exit, once.
+    private func exited(for source: EventSource) {
+        let first: Bool = lock.withLock {
+            defer { fired = true }
+            return !fired
+        }
+        // A cancel may be running its cancel call on a worker meanwhile:
+        // the hold keeps the pidfd open until the status is read.
+        guard first, retainDescriptor() else { return }
+        defer { releaseDescriptor() }
+        if let status = EventSourceCalls.exitStatus(pidfd: pidfd) { source.setExitStatus(status) }
+        source.or(EventSource.ProcessEvents.exit.rawValue)
+    }
+
+    private func startOnLoop(_ loop: ThreadLoop, modes: [LoopMode], for source: EventSource) {
         let made = LoopSource(
             descriptor: pidfd, failed: { _, error in source.fail(.watchFailed(error)) }
         ) { [weak self] made, _ in
             made.invalidate()
-            // A cancel may be running its cancel call on a worker meanwhile:
-            // the hold keeps the pidfd open until the status is read.
-            guard let self, self.retainDescriptor() else { return }
-            defer { self.releaseDescriptor() }
-            if let status = EventSourceCalls.exitStatus(pidfd: self.pidfd) { source.setExitStatus(status) }
-            source.or(EventSource.ProcessEvents.exit.rawValue)
+            guard let self else { return }
+            self.lock.withLock {
+                if case .loop(let current) = self.place, current === made { self.place = nil }
+            }
+            self.exited(for: source)
         }
         let fresh: Bool = lock.withLock {
-            guard users > 0, !stopped, loopSource == nil else { return false }
-            loopSource = made
+            guard users > 0, !stopped, !fired, place == nil else { return false }
+            place = .loop(made)
             return true
         }
         guard fresh else { return }
         for mode in modes { loop.add(made, forMode: mode) }
     }
 
-    func move(for source: EventSource, to loop: ThreadLoop, modes: [LoopMode]) {
-        let old: LoopSource? = lock.withLock {
-            defer { loopSource = nil }
-            return loopSource
+    /// Registered under the lock, so that a report that comes at once finds
+    /// `place` set and ends the registration.
+    private func startInPool(_ poller: PoolPoller, for source: EventSource) throws(EventSourceError) {
+        let failure: DescriptorWatchError? = lock.withLock {
+            guard users > 0, !stopped, !fired, place == nil else { return nil }
+            do throws(DescriptorWatchError) {
+                let (state, token) = try poller.register(pidfd, for: .readable) { [weak self] event in
+                    guard let self else { return }
+                    // One-shot: the registration ends here, so the poller
+                    // stops counting it as something to wait for.
+                    let ended: Place? = self.lock.withLock {
+                        guard case .pool(_, _, let current) = self.place, current == event.token else { return nil }
+                        defer { self.place = nil }
+                        return self.place
+                    }
+                    Self.leave(ended)
+                    if let failure = event.failure {
+                        source.fail(.watchFailed(failure))
+                    } else {
+                        self.exited(for: source)
+                    }
+                }
+                place = .pool(poller, state, token: token)
+                return nil
+            } catch {
+                return error
+            }
         }
-        guard let old, old.isValid else { return } // already fired: nothing to move
-        old.invalidate()
-        start(for: source, on: loop, modes: modes)
+        if let failure { throw .watchFailed(failure) }
+    }
+
+    /// Ends a kernel watch (`stop`, `move`, or the exit report).
+    private static func leave(_ place: Place?) {
+        switch place {
+        case .loop(let loopSource): loopSource.invalidate()
+        case .pool(let poller, let state, let token): poller.deregister(token, in: state)
+        case nil: break
+        }
+    }
+
+    func move(for source: EventSource, to placement: WatchPlacement) {
+        let old: Place? = lock.withLock {
+            defer { place = nil }
+            return place
+        }
+        guard let old else { return } // already fired (or stopped): nothing to move
+        Self.leave(old)
+        start(for: source, at: placement)
+    }
+
+    var placementName: String? {
+        switch lock.withLock({ place }) {
+        case .loop: "loop"
+        case .pool: "pool"
+        case nil: nil
+        }
     }
 
     func stop() {
-        let old: LoopSource? = lock.withLock {
+        let old: Place? = lock.withLock {
             stopped = true
-            defer { loopSource = nil }
-            return loopSource
+            defer { place = nil }
+            return place
         }
-        old?.invalidate()
+        Self.leave(old)
     }
 
     /// Gives up the watch's own hold (once): the pidfd closes now, or when

@@ -6,24 +6,29 @@
 /// runs two calls at once); `stop` once at cancel (any thread), `finish`
 /// once after the cancel handler; `move` from `setTarget`.
 protocol SourceWatch: AnyObject, Sendable {
-    /// Whether the mechanism is process-wide and so always watched on the
-    /// reactor (signals, inotify), whatever the target.
+    /// Whether the mechanism is process-wide (signals, inotify), so that a
+    /// loop cannot watch it for itself: such a watch is placed on the
+    /// reactor for a loop target (on the pool for a queue target).
     var isProcessWide: Bool { get }
-    /// Starts watching, on `loop` in `modes`; events reach `source` through
-    /// `add`/`or`/`replace`/`noteEvent`.
-    func start(for source: EventSource, on loop: ThreadLoop, modes: [LoopMode])
+    /// Starts watching at `placement`; events reach `source` through
+    /// `add`/`or`/`replace`/`noteEvent`. A watch that cannot be made there
+    /// fails the source (`EventSource.fail`).
+    func start(for source: EventSource, at placement: WatchPlacement)
     /// The data for the call about to run; nil when there is nothing to
     /// report (the call is then skipped).
     func take(for source: EventSource) -> UInt64?
     /// After an event call returned on a source not cancelled: re-arm a
     /// watch that disarmed itself when it fired.
     func handlerReturned(for source: EventSource)
-    /// Moves the watch to another loop or modes.
-    func move(for source: EventSource, to loop: ThreadLoop, modes: [LoopMode])
+    /// Moves the watch to another placement (never the same one).
+    func move(for source: EventSource, to placement: WatchPlacement)
     /// Stops watching for good.
     func stop()
     /// Releases what the watch owns (after the cancel handler has run).
     func finish()
+    /// Where the kernel watch is now ("loop", "pool", "reactor"), nil when
+    /// it is nowhere (not started, fired for good, stopped). A test's view.
+    var placementName: String? { get }
 }
 
 extension SourceWatch {
@@ -31,4 +36,5 @@ extension SourceWatch {
     func take(for source: EventSource) -> UInt64? { source.nonZero(source.takeAccumulated()) }
     func handlerReturned(for source: EventSource) {}
     func finish() {}
+    var placementName: String? { nil }
 }

@@ -34,7 +34,7 @@
 /// start from 1677 to 2262); the arithmetic between two of them is done in
 /// `Int128`, so a start long past (near `Int64.min`) counts its periods
 /// without overflow.
-final class TimerWatch: SourceWatch, @unchecked Sendable {
+final class TimerWatch: SourceWatch, TimerQueue.Owner, @unchecked Sendable {
     // @unchecked: everything mutable is guarded by `lock`.
 
     let start: EventSource.TimerStart
@@ -49,8 +49,7 @@ final class TimerWatch: SourceWatch, @unchecked Sendable {
     /// Where the last start put the watch; a wall-clock timer is started
     /// there again when the system time is set, and every timer is armed
     /// there again after its call.
-    private var place: Place?
-    private typealias Place = (loop: ThreadLoop, modes: [LoopMode])
+    private var place: WatchPlacement?
     private var timer: LoopTimer?
     private var stopped = false
     /// Bumped by each start (and so by `move`), by a clock setting and by
@@ -109,11 +108,11 @@ final class TimerWatch: SourceWatch, @unchecked Sendable {
         return UInt64(clamping: periods)
     }
 
-    func start(for source: EventSource, on loop: ThreadLoop, modes: [LoopMode]) {
+    func start(for source: EventSource, at placement: WatchPlacement) {
         let arming: Int? = lock.withLock { () -> Int? in
             guard !stopped else { return nil }
             self.source = source
-            place = (loop, modes)
+            place = placement
             self.arming += 1
             // A call still pending from before a move may never run where it
             // was submitted (a loop whose thread exited): arm here anyway.
@@ -131,14 +130,20 @@ final class TimerWatch: SourceWatch, @unchecked Sendable {
                 return
             }
         }
-        arm(arming: arming, on: loop, modes: modes)
+        arm(arming: arming, at: placement)
     }
 
-    private func arm(arming: Int, on loop: ThreadLoop, modes: [LoopMode]) {
-        if loop === EventReactor.loop {
-            scheduleInQueue(arming: arming)
-        } else {
-            armOnLoop(arming: arming, on: loop, modes: modes)
+    /// Arms the timer where it lives: an entry of the pool's timer heap, or
+    /// a one-shot timer on the loop (the target's or the reactor's).
+    private func arm(arming: Int, at placement: WatchPlacement) {
+        do throws(EventSourceError) {
+            if let (loop, modes) = try placement.loopAndModes() {
+                armOnLoop(arming: arming, on: loop, modes: modes)
+            } else {
+                try scheduleInQueue(arming: arming)
+            }
+        } catch {
+            lock.withLock { source }?.fail(error)
         }
     }
 
@@ -189,31 +194,40 @@ final class TimerWatch: SourceWatch, @unchecked Sendable {
     /// which is in the past if the call took longer than a period (the
     /// timer then fires at once, counting those). On the target.
     func handlerReturned(for source: EventSource) {
-        let rearm: (arming: Int, at: Place)? = lock.withLock {
+        let rearm: (arming: Int, at: WatchPlacement)? = lock.withLock {
             guard awaitingCall, !stopped, let place else { return nil }
             awaitingCall = false
             return due == .max ? nil : (arming, place)
         }
         guard let rearm else { return }
-        arm(arming: rearm.arming, on: rearm.at.loop, modes: rearm.at.modes)
+        arm(arming: rearm.arming, at: rearm.at)
     }
 
     // MARK: In the timer queue
 
-    private func scheduleInQueue(arming: Int) {
+    private func scheduleInQueue(arming: Int) throws(EventSourceError) {
         let latest: Int64? = lock.withLock {
             guard !stopped, arming == self.arming, due != .max else { return nil }
             let (sum, overflow) = monotonicDue().addingReportingOverflow(leeway.nanosecondsSaturating)
             return overflow ? .max : sum
         }
         guard let latest else { return }
-        TimerQueue.shared.schedule(self, latest: latest, arming: arming)
+        do throws(SystemCallError) {
+            try TimerQueue.shared.schedule(self, latest: latest, arming: arming)
+        } catch {
+            throw .systemCall(error)
+        }
     }
 
     /// The `TimerQueue` reached this watch's entry (on the pool worker that
     /// holds the poller).
     func fireFromQueue(arming: Int) {
-        if fire(arming: arming) == .early { scheduleInQueue(arming: arming) }
+        guard fire(arming: arming) == .early else { return }
+        do throws(EventSourceError) {
+            try scheduleInQueue(arming: arming)
+        } catch {
+            lock.withLock { source }?.fail(error)
+        }
     }
 
     // MARK: On a run loop
@@ -244,13 +258,13 @@ final class TimerWatch: SourceWatch, @unchecked Sendable {
 
     // MARK: Moving and stopping
 
-    func move(for source: EventSource, to loop: ThreadLoop, modes: [LoopMode]) {
+    func move(for source: EventSource, to placement: WatchPlacement) {
         let old: LoopTimer? = lock.withLock {
             defer { timer = nil }
             return timer
         }
         old?.invalidate()
-        start(for: source, on: loop, modes: modes)
+        start(for: source, at: placement)
     }
 
     func stop() {
@@ -272,7 +286,7 @@ final class TimerWatch: SourceWatch, @unchecked Sendable {
     /// A timer disarmed until its call is left so: the call counts with the
     /// clock as it is then, and arms the translation after it.
     fileprivate func clockWasSet() {
-        let restart: (arming: Int, at: Place, old: LoopTimer?)? = lock.withLock {
+        let restart: (arming: Int, at: WatchPlacement, old: LoopTimer?)? = lock.withLock {
             guard !stopped, !awaitingCall, due != .max, let place else { return nil }
             arming += 1
             defer { timer = nil }
@@ -280,7 +294,7 @@ final class TimerWatch: SourceWatch, @unchecked Sendable {
         }
         guard let restart else { return }
         restart.old?.invalidate()
-        arm(arming: restart.arming, on: restart.at.loop, modes: restart.at.modes)
+        arm(arming: restart.arming, at: restart.at)
     }
 
     /// `instant` in nanoseconds since 1970; nil where `Int64` cannot count
@@ -300,6 +314,19 @@ final class TimerWatch: SourceWatch, @unchecked Sendable {
     }
 }
 
+extension TimerQueue {
+    /// The heap of the timer sources on work queues, in the standard pool's
+    /// poller, made with the first of them (with the poller's watchdog).
+    static let shared: TimerQueue = {
+        guard let poller = WorkerPool.standard.poller else {
+            fatalError("TimerQueue: the standard pool has no poller")
+        }
+        let made = TimerQueue(poller: poller)
+        _ = PollerWatchdog.shared
+        return made
+    }()
+}
+
 extension TimerWatch {
     /// The active wall-clock timers of the process, and the kernel's notice
     /// that the system time was set: a timerfd on `CLOCK_REALTIME` armed
@@ -317,21 +344,21 @@ extension TimerWatch {
         static let shared = WallClockRegistry()
 
         private let lock = GuardLock()
-        private var timerfd = ReactorDescriptor()
+        private var timerfd = ProcessWideDescriptor()
         private var watches: [ObjectIdentifier: TimerWatch] = [:]
 
         /// Registers `watch` (again: nothing). Any thread.
         func add(_ watch: TimerWatch) throws(EventSourceError) {
             // The reactor first: starting it takes the reactor's lock, which
             // is never taken inside this one.
-            let reactor = EventReactor.loop
+            let reactor = try EventReactor.loop()
             lock.lock()
             defer { lock.unlock() }
             // Checked under this lock (the watch's is taken inside it, and
             // never the other way round): a `stop` or a last firing that
             // raced this start unregisters after it, or is seen here.
             guard watch.hasDueTime else { return }
-            let fd = try timerfd.open(on: reactor, EventSourceCalls.clockChangeTimer) { [unowned self] in self.deliver() }
+            let fd = try timerfd.watch(at: .loop(reactor), EventSourceCalls.clockChangeTimer) { [unowned self] in self.deliver() }
             if watches.isEmpty {
                 // A notice left from an earlier arming is consumed here; the
                 // timers registered then are gone, this one not yet scheduled.

@@ -30,8 +30,9 @@ enum WorkUnit {
     case job(UnownedJob, WorkQueue)
     /// A job of Swift's global concurrent executor, once Spindle's pool is
     /// installed as that executor (`SpindleConcurrency`): it runs with the
-    /// installed executor as its task executor, not with a queue.
-    case globalJob(UnownedJob)
+    /// installed executor (given with it) as its task executor, not with a
+    /// queue.
+    case globalJob(UnownedJob, UnownedTaskExecutor)
 
     /// Whether the unit must run alone on its queue.
     var isBarrier: Bool {
@@ -61,8 +62,8 @@ enum WorkUnit {
             queue.drain(scheduledIn: epoch)
         case .job(let job, let queue):
             queue.runJob(job)
-        case .globalJob(let job):
-            PoolGlobalExecutor.run(job)
+        case .globalJob(let job, let executor):
+            job.runSynchronously(on: executor)
         }
     }
 

@@ -86,7 +86,7 @@ import CShims
 /// Locks: the pool's lock (injector, idle list, worker list) is a
 /// `GuardLock` (the plain mutex core), never held while running an item;
 /// the workers' rings take no lock.
-final class WorkerPool: @unchecked Sendable {
+final class WorkerPool: PoolPoller.Workers, @unchecked Sendable {
     // @unchecked: mutable state is guarded by `lock` (injector, idle, workers,
     // threadCount) or is atomic (`words`).
 
@@ -257,6 +257,9 @@ final class WorkerPool: @unchecked Sendable {
         AtomicMemory.load(from: searching, ordering: .sequentiallyConsistent) == 0
             && AtomicMemory.load(from: active, ordering: .sequentiallyConsistent) < width
     }
+
+    /// The poller needs a holder (`PoolPoller.Workers`): `wakeOne()`.
+    func wakeForPoller() { wakeOne() }
 
     /// Under the lock, re-checks and hands a permit to an idle worker, or
     /// starts a worker when none is idle. `filler`: the worker whose slot

@@ -62,8 +62,9 @@ public final class LoopThread: Sendable, CustomStringConvertible {
     /// - Returns: The running thread and its loop.
     /// - Throws: `NativeThreadError` if the thread cannot start (see
     ///   `SpawnedThread.start()`), or `.systemCall` with the kernel's
-    ///   refusal of the backend `kind` (the thread has then ended and been
-    ///   joined).
+    ///   refusal of the loop's backend (`kind`, or the preferred one when
+    ///   both kinds are refused: e.g. `EMFILE` when the process is out of
+    ///   descriptors); the thread has then ended and been joined.
     public static func start(
         _ attributes: NativeThread.Attributes = NativeThread.Attributes(),
         backend kind: EventBackendKind? = nil,
@@ -74,16 +75,18 @@ public final class LoopThread: Sendable, CustomStringConvertible {
         let ready = Semaphore(value: 0)
         let thread = try NativeThread.start(attributes) { () throws -> Void in
             let loop: ThreadLoop
-            if let kind {
-                do throws(SystemCallError) {
-                    loop = try ThreadLoop.current(backend: kind)
-                } catch {
-                    handOver.withLock { $0 = .failure(error) }
-                    ready.signal()
-                    return
+            do throws(SystemCallError) {
+                // The new thread has no loop yet: making it may fail (out of
+                // descriptors or memory), and that reaches the caller.
+                if let existing = LoopRegistry.currentLoop() {
+                    loop = existing
+                } else {
+                    loop = try LoopRegistry.makeCurrent(throwing: kind)
                 }
-            } else {
-                loop = ThreadLoop.current
+            } catch {
+                handOver.withLock { $0 = .failure(error) }
+                ready.signal()
+                return
             }
             let keepAlive = LoopSource { _ in }
             loop.add(keepAlive)

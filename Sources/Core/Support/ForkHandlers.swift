@@ -58,8 +58,11 @@ enum ForkHandlers {
         _ = WorkerPool.background
         _ = WorkQueue.main
         _ = DelayedWork.shared
-        _ = SignalWatch.Registry.shared
-        _ = FileSystemWatch.Registry.shared
+        _ = SignalWatch.Registry.observers
+        _ = SignalWatch.Registry.pool
+        _ = SignalWatch.Registry.reactor
+        _ = FileSystemWatch.Registry.pool
+        _ = FileSystemWatch.Registry.reactor
         _ = TimerQueue.shared
         _ = TimerWatch.WallClockRegistry.shared
         WorkerPool.prepareForFork()

@@ -15,13 +15,21 @@
 final class TimerQueue: PoolPoller.Timers, @unchecked Sendable {
     // @unchecked: `heap` and `nextSerial` are guarded by `lock`.
 
+    /// What owns an entry: a timer the heap asks to fire when the entry's
+    /// latest moment comes (the event sources' `TimerWatch`, a layer above).
+    protocol Owner: AnyObject, Sendable {
+        /// The heap reached the entry of `arming` (on the poller's holder);
+        /// the owner fires, and may schedule itself again.
+        func fireFromQueue(arming: Int)
+    }
+
     /// One pending firing of one timer source.
     struct Entry: HeapOrdered {
         /// Due time plus leeway, monotonic nanoseconds: the heap's order.
         var latest: Int64
         /// Breaks ties in insertion order.
         var serial: UInt64
-        let owner: TimerWatch
+        let owner: any Owner
         /// The owner's arming this entry belongs to; stale once it changes.
         let arming: Int
 
@@ -30,27 +38,24 @@ final class TimerQueue: PoolPoller.Timers, @unchecked Sendable {
         }
     }
 
-    static let shared = TimerQueue()
-
     private let lock = GuardLock()
     private var heap = MinHeap<Entry>()
     private var nextSerial: UInt64 = 0
     /// The poller that waits for the heap's top.
     private let poller: PoolPoller
 
-    private init() {
-        guard let poller = WorkerPool.standard.poller else {
-            fatalError("TimerQueue: the standard pool has no poller")
-        }
+    /// A heap whose deadline `poller` waits for (installed in it).
+    init(poller: PoolPoller) {
         self.poller = poller
         poller.install(self)
-        _ = PollerWatchdog.shared
     }
 
     /// Schedules `owner` to be asked to fire by `latest` (monotonic
     /// nanoseconds). Any thread; if this is the new top, the poller's holder
-    /// looks again (or a worker is woken to hold it).
-    func schedule(_ owner: TimerWatch, latest: Int64, arming: Int) {
+    /// looks again (or a worker is woken to hold it). Throws when the
+    /// poller has no epoll instance to wait in and the kernel refuses one.
+    func schedule(_ owner: any Owner, latest: Int64, arming: Int) throws(SystemCallError) {
+        try poller.prepare()
         let first: Bool = lock.withLock {
             nextSerial &+= 1
             heap.push(Entry(latest: latest, serial: nextSerial, owner: owner, arming: arming))

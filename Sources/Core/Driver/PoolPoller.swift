@@ -29,9 +29,13 @@ import Synchronization
 /// workers compute, and a steady stream of events costs the reactor one
 /// wake-up per interval at most, none while idle. A worker that enters a
 /// blocking wait while the poller is unheld also wakes another to hold it.
-/// Sources whose handlers run on a `ThreadLoop`, and the process-wide
-/// mechanisms (signals, inotify, process exits, the clock-set notice), stay
-/// on their loop or the reactor thread.
+/// Every kind of queue source waits here: descriptors, timers (the
+/// `TimerQueue` heap), process exits (their pidfds), and the process-wide
+/// descriptors of the queue sources' signal and file-system registries
+/// (an eventfd, an inotify instance: persistent registrations, re-armed by
+/// the holder). Sources whose handlers run on a `ThreadLoop` wait on their
+/// loop (or, process-wide, on the reactor thread), as does the clock-set
+/// notice.
 ///
 /// **Threads.** `register`, `rearm`, `deregister`, `wake` and
 /// `timersChanged` from any thread. `waitAndDispatch` only by the holder
@@ -69,6 +73,14 @@ final class PoolPoller: @unchecked Sendable {
     /// report (readiness, or a failure of the kernel watch).
     typealias Handler = @Sendable (ReadyEvent) -> Void
 
+    /// A registration's handler, and whether the holder re-arms it itself
+    /// after each report (a process-wide descriptor that is always watched:
+    /// the signals' eventfd, the inotify instance) rather than its owner.
+    struct Registration {
+        let handler: Handler
+        let persistent: Bool
+    }
+
     /// One epoll registry and its handlers. A child after `fork()` leaves
     /// the parent's (its epoll instance is the parent's too) and makes its
     /// own; a watch registered with the parent's keeps pointing at it and
@@ -76,7 +88,7 @@ final class PoolPoller: @unchecked Sendable {
     final class State: @unchecked Sendable {
         // @unchecked: `handlers` under the poller's lock; `retired` atomic.
         let registry: EventRegistry
-        var handlers: [UInt64: Handler] = [:]
+        var handlers: [UInt64: Registration] = [:]
         /// Set in a child after `fork()`, read by every re-arm: an atomic,
         /// so the re-arm path takes no lock.
         let retired = Atomic<Bool>(false)
@@ -86,8 +98,17 @@ final class PoolPoller: @unchecked Sendable {
         }
     }
 
-    /// The pool whose workers hold it.
-    private let poolRef: Unmanaged<WorkerPool>
+    /// What the poller asks of the pool whose workers hold it (the Queues
+    /// layer, above this one, implements it: `WorkerPool`).
+    protocol Workers: AnyObject, Sendable {
+        /// Wakes a parked worker, or starts one within the pool's bound, so
+        /// that somebody comes to hold the poller.
+        func wakeForPoller()
+    }
+
+    /// The pool whose workers hold it. Unowned: the pool owns the poller,
+    /// and pools live for the rest of the process.
+    private unowned(unsafe) let pool: any Workers
     private let lock = GuardLock()
     private var state: State?
     private var timers: Timers?
@@ -102,8 +123,8 @@ final class PoolPoller: @unchecked Sendable {
     /// The holder's reports of its current wait.
     private var events: [ReadyEvent] = []
 
-    init(pool: WorkerPool) {
-        poolRef = Unmanaged.passUnretained(pool)
+    init(pool: any Workers) {
+        self.pool = pool
         let words = allocateStableWords(byteCount: 192)
         holdWord = words.assumingMemoryBound(to: Int.self)
         watchCount = (words + 64).assumingMemoryBound(to: Int.self)
@@ -113,35 +134,45 @@ final class PoolPoller: @unchecked Sendable {
     // MARK: Registrations (any thread)
 
     /// The current registry, made on first use, and the timer queue, in one
-    /// hold of the lock. Stops the process with a message if the kernel
-    /// refuses an epoll instance: no queue source could work without one.
-    private func current() -> (state: State, timers: Timers?) {
+    /// hold of the lock. Throws when the kernel refuses an epoll instance
+    /// (out of descriptors or memory): the registration that asked fails
+    /// with it, and the next one tries again.
+    private func current() throws(SystemCallError) -> (state: State, timers: Timers?) {
         lock.lock()
         defer { lock.unlock() }
         if let state { return (state, timers) }
-        do {
-            let registry = try EventRegistry(kind: .epoll)
-            // Handlers re-arm their watches while the holder waits: it stays
-            // in epoll_wait, where each re-arm reaches it without a wake-up.
-            registry.waitsInKernelWhileRegistered = true
-            let made = State(registry: registry)
-            state = made
-            return (made, timers)
-        } catch {
-            misuse("WorkerPool: cannot make the event sources' epoll instance: \(error)")
-        }
+        let registry = try EventRegistry(kind: .epoll)
+        // Handlers re-arm their watches while the holder waits: it stays
+        // in epoll_wait, where each re-arm reaches it without a wake-up.
+        registry.waitsInKernelWhileRegistered = true
+        let made = State(registry: registry)
+        state = made
+        return (made, timers)
     }
 
-    /// Watches `fd` for `interest` (one-shot: re-armed with `rearm`);
-    /// `handler` runs on the worker that sees the report. Returns the state
+    /// Makes the registry now if there is none, so that the holder can wait
+    /// for a timer: the timer queue calls it before its first entry. Throws
+    /// what the kernel says when it refuses the epoll instance.
+    func prepare() throws(SystemCallError) {
+        _ = try current()
+    }
+
+    /// Watches `fd` for `interest` (one-shot: re-armed with `rearm`; or,
+    /// `persistent`, re-armed by the holder after each report's handler
+    /// returned); `handler` runs on the worker that sees the report. Returns the state
     /// and token that name the registration. Throws what the registry
     /// throws for a descriptor that cannot be waited on.
     func register(
-        _ fd: Int32, for interest: Readiness, _ handler: @escaping Handler
+        _ fd: Int32, for interest: Readiness, persistent: Bool = false, _ handler: @escaping Handler
     ) throws(DescriptorWatchError) -> (State, UInt64) {
-        let state = current().state
+        let state: State
+        do throws(SystemCallError) {
+            state = try current().state
+        } catch {
+            throw DescriptorWatchError(descriptor: fd, reason: .kernelRefused, code: error.code)
+        }
         let token = try state.registry.register(fd, for: interest)
-        lock.withLock { state.handlers[token] = handler }
+        lock.withLock { state.handlers[token] = Registration(handler: handler, persistent: persistent) }
         AtomicMemory.add(1, to: watchCount, ordering: .sequentiallyConsistent)
         // The holder applies the registration at its next wait: wake it, or
         // find a worker to hold the poller.
@@ -193,7 +224,7 @@ final class PoolPoller: @unchecked Sendable {
         if AtomicMemory.load(from: holdWord, ordering: .sequentiallyConsistent) != 0 {
             wake()
         } else {
-            poolRef._withUnsafeGuaranteedRef { $0.wakeOne() }
+            pool.wakeForPoller()
             armWatchdogIfUnheld()
         }
     }
@@ -225,7 +256,7 @@ final class PoolPoller: @unchecked Sendable {
         if isWatching, tryHold() {
             _ = waitAndDispatch(block: false)
             AtomicMemory.store(0, to: holdWord, ordering: .sequentiallyConsistent)
-            poolRef._withUnsafeGuaranteedRef { $0.wakeOne() }
+            pool.wakeForPoller()
             return true
         }
         AtomicMemory.store(0, to: watchdogWord, ordering: .sequentiallyConsistent)
@@ -272,7 +303,10 @@ final class PoolPoller: @unchecked Sendable {
     /// (`block` false: only looks), then runs the handlers of what it found
     /// and fires the due timers. Returns whether anything ran.
     func waitAndDispatch(block: Bool, notAfter: MonotonicClock.Instant? = nil) -> Bool {
-        let (state, timers) = current()
+        // Something is watched only after a registry was made (`register`,
+        // `prepare`), so this finds one; if not (a child just forked), there
+        // is nothing to wait for.
+        guard let (state, timers) = try? current() else { return false }
         var deadline = timers?.nextDeadline()
         if let notAfter, deadline.map({ notAfter < $0 }) ?? true { deadline = notAfter }
         if !block { deadline = MonotonicClock.Instant(nanoseconds: 0) }
@@ -280,8 +314,10 @@ final class PoolPoller: @unchecked Sendable {
         _ = state.registry.wait(until: deadline, events: &events)
         var ran = false
         for event in events {
-            guard let handler = lock.withLock({ state.handlers[event.token] }) else { continue }
-            handler(event)
+            guard let registration = lock.withLock({ state.handlers[event.token] }) else { continue }
+            registration.handler(event)
+            // On the holder, the registry's owner: applied at its next wait.
+            if registration.persistent && event.failure == nil { state.registry.rearm(event.token) }
             ran = true
         }
         if let timers, timers.fireDue() { ran = true }

@@ -1,0 +1,150 @@
+// Where each kind of source's kernel watch lives (`WatchPlacement`): on a
+// work queue every kind waits in the pool's poller, with no hand-off
+// through the reactor thread; on a loop, descriptors and process exits
+// wait in the loop's own backend and the process-wide mechanisms (signals,
+// inotify) on the reactor; `setTarget` moves the watch, and events keep
+// coming (signal counts stay exact across the moves).
+#if canImport(Glibc)
+import Glibc
+#endif
+import Spindle
+import Testing
+import TestSupport
+
+@Suite("EventSource placement")
+struct EventSourcePlacementTests {
+    /// A signal source on a queue waits in the pool; moved to a loop it
+    /// waits on the reactor, and back; the deliveries are counted exactly
+    /// through both moves (1, then 3, then 1: 5 in all), each call on the
+    /// target of its time. In an exit test: signals are process-wide.
+    @Test func signalSourcesWaitInThePoolForQueuesAndOnTheReactorForLoops() async {
+        await #expect(processExitsWith: .success) {
+            unblockAllSignals()
+            armHangAlarm(seconds: 60)
+            exit(moveSignalSource())
+        }
+    }
+
+    /// A file-system source: in the pool for a queue, on the reactor for a
+    /// loop; a write is reported at each place, on the right thread.
+    @Test func fileSystemSourcesWaitInThePoolForQueuesAndOnTheReactorForLoops() throws {
+        let loop = try HandlerPlace(.loop, label: "placement.vnode")
+        defer { loop.close() }
+        let path = scratchPath("placement-vnode")
+        #expect(writeFile(path, pattern(10)))
+        defer { unlink(path) }
+        let fd = open(path, O_RDWR)
+        try #require(fd >= 0)
+        defer { close(fd) }
+        let seen = LockedValue<[(EventSource.FileEvents, Bool)]>([])
+        let called = Semaphore(value: 0)
+        let source = try EventSource.fileSystemObject(
+            descriptor: fd, events: .write, on: .queue(WorkQueue(label: "placement.vnode")))
+        source.setEventHandler { s in seen.withLock { $0.append((s.fileEvents, loop.isCurrent)) }; called.signal() }
+        source.activate()
+        defer { source.cancel() }
+        #expect(source.watchPlacementName == "pool")
+        #expect(pwrite(fd, "a", 1, 0) == 1)
+        #expect(called.wait(timeout: .seconds(10)))
+        source.setTarget(loop.target)
+        #expect(source.watchPlacementName == "reactor")
+        #expect(pwrite(fd, "b", 1, 1) == 1)
+        #expect(called.wait(timeout: .seconds(10)))
+        let calls = seen.withLock { $0 }
+        #expect(calls.map(\.0) == [.write, .write])
+        #expect(calls.map(\.1) == [false, true])
+    }
+
+    /// A process source: in the pool for a queue, in the loop's own backend
+    /// for a loop (moved there before the child exits); the exit is
+    /// reported once, on the loop, and the watch is then nowhere.
+    @Test func processSourcesWaitInThePoolForQueuesAndOnTheirLoop() async {
+        await #expect(processExitsWith: .success) {
+            unblockAllSignals()
+            armHangAlarm(seconds: 60)
+            exit(moveProcessSource())
+        }
+    }
+
+    /// Read sources: the pool for a queue, the loop for a loop.
+    @Test func descriptorSourcesWaitInThePoolForQueuesAndOnTheirLoop() throws {
+        let loop = try HandlerPlace(.loop, label: "placement.read")
+        defer { loop.close() }
+        var ends: [Int32] = [0, 0]
+        try #require(pipe(&ends) == 0)
+        defer { close(ends[0]); close(ends[1]) }
+        let source = try EventSource.read(descriptor: ends[0], on: .queue(WorkQueue(label: "placement.read")))
+        source.activate()
+        defer { source.cancel() }
+        #expect(source.watchPlacementName == "pool")
+        source.setTarget(loop.target)
+        #expect(source.watchPlacementName == "loop")
+    }
+}
+
+/// `signalSourcesWaitInThePoolForQueuesAndOnTheReactorForLoops` in its own
+/// process: 0, or the failed check.
+private func moveSignalSource() -> Int32 {
+    signal(SIGUSR1, SIG_IGN)
+    guard let loop = try? HandlerPlace(.loop, label: "placement.signal") else { return 2 }
+    defer { loop.close() }
+    let calls = LockedValue<[(UInt64, Bool)]>([])
+    guard let source = try? EventSource.signal(SIGUSR1, on: .queue(WorkQueue(label: "placement.signal"))) else { return 3 }
+    source.setEventHandler { s in calls.withLock { $0.append((s.data, loop.isCurrent)) } }
+    source.activate()
+    defer { source.cancel() }
+    func sum() -> UInt64 { calls.withLock { $0.reduce(0) { $0 + $1.0 } } }
+    guard source.watchPlacementName == "pool" else { return 4 }
+    raise(SIGUSR1)
+    guard eventually({ sum() == 1 }) else { return 5 }
+    source.setTarget(loop.target)
+    guard source.watchPlacementName == "reactor" else { return 6 }
+    for _ in 0..<3 { raise(SIGUSR1) }
+    guard eventually({ sum() == 4 }) else { return 7 }
+    source.setTarget(.queue(WorkQueue(label: "placement.signal.back")))
+    guard source.watchPlacementName == "pool" else { return 8 }
+    raise(SIGUSR1)
+    guard eventually({ sum() == 5 }) else { return 9 }
+    usleep(20_000)
+    let seen = calls.withLock { $0 }
+    guard sum() == 5 else { return 10 }
+    // The calls after the first move ran on the loop, the last on a queue.
+    guard seen.first?.1 == false, seen.last?.1 == false, seen.contains(where: { $0.1 }) else { return 11 }
+    return 0
+}
+
+/// `processSourcesWaitInThePoolForQueuesAndOnTheirLoop` in its own
+/// process: 0, or the failed check.
+private func moveProcessSource() -> Int32 {
+    guard let loop = try? HandlerPlace(.loop, label: "placement.process") else { return 2 }
+    defer { loop.close() }
+    var gate: [Int32] = [0, 0]
+    guard pipe(&gate) == 0 else { return 3 }
+    let child = fork()
+    if child == 0 {
+        close(gate[1])
+        var byte: UInt8 = 0
+        _ = read(gate[0], &byte, 1)
+        _exit(7)
+    }
+    guard child > 0 else { return 4 }
+    close(gate[0])
+    let calls = LockedValue<[(UInt64, Bool)]>([])
+    let called = Semaphore(value: 0)
+    guard let source = try? EventSource.process(child, on: .queue(WorkQueue(label: "placement.process"))) else { return 5 }
+    source.setEventHandler { s in calls.withLock { $0.append((s.data, loop.isCurrent)) }; called.signal() }
+    source.activate()
+    defer { source.cancel() }
+    guard source.watchPlacementName == "pool" else { return 6 }
+    source.setTarget(loop.target)
+    guard source.watchPlacementName == "loop" else { return 7 }
+    close(gate[1])
+    guard called.wait(timeout: .seconds(10)) else { return 8 }
+    usleep(20_000)
+    let seen = calls.withLock { $0 }
+    guard seen.count == 1, seen[0].0 == EventSource.ProcessEvents.exit.rawValue, seen[0].1 else { return 9 }
+    guard source.exitStatus == .exited(7), source.watchPlacementName == nil else { return 10 }
+    var status: Int32 = 0
+    guard waitpid(child, &status, 0) == child else { return 11 }
+    return 0
+}
