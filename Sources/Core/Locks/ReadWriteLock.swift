@@ -1,3 +1,5 @@
+import CShims
+
 /// A shared/exclusive lock that prefers writers, as the guide describes:
 /// any number of readers may hold it together; a writer holds it alone; and
 /// while a writer waits, new readers wait too, so a stream of readers cannot
@@ -32,7 +34,9 @@ public struct ReadWriteLock: Locking, @unchecked Sendable {
     @usableFromInline static var writersWaiting: UInt32 { 1 << 31 }
 
     @usableFromInline
-    final class Storage: ManagedBuffer<Void, UInt32> {}
+    final class Storage: ManagedBuffer<Void, UInt32> {
+        deinit { withUnsafeMutablePointerToElements { LockHooks.destroyed($0) } }
+    }
     // Three tail words: [0] the state, [1] the writers' wake-up counter,
     // [2] how many writers are in the slow path waiting.
 
@@ -53,6 +57,7 @@ public struct ReadWriteLock: Locking, @unchecked Sendable {
         state.initialize(repeating: 0, count: 3)
         writerWake = state + 1
         waitingWriters = state + 2
+        LockHooks.tsanCreated(state)
     }
 
     /// The raw state word, for tests and diagnostics: 0 when idle.
@@ -71,17 +76,28 @@ public struct ReadWriteLock: Locking, @unchecked Sendable {
     /// Acquires the lock for reading; blocks while a writer holds it or waits.
     @inlinable
     public func readLock() {
+        LockHooks.willLock(state, .readLock)
         let s = AtomicMemory.load(from: state, ordering: .relaxed)
         if !(Self.isReadLockable(s)
             && AtomicMemory.compareAndSwap(expected: s, desired: s + 1, at: state, ordering: .acquiring))
         {
             _ = readLockContended(deadline: .distantFuture)
         }
+        LockHooks.tsanAcquired(state, LockHooks.tsanRead)
     }
 
     /// Acquires the lock for reading if possible without blocking.
     @inlinable
     public func tryReadLock() -> Bool {
+        guard tryReadAcquire() else { return false }
+        LockHooks.tsanAcquired(state, LockHooks.tsanRead | LockHooks.tsanTry)
+        LockHooks.didTryLock(state, .readLock)
+        return true
+    }
+
+    /// `tryReadLock` without the hooks (see `LockHooks`).
+    @inlinable
+    func tryReadAcquire() -> Bool {
         var s = AtomicMemory.load(from: state, ordering: .relaxed)
         while Self.isReadLockable(s) {
             let r = AtomicMemory.compareExchange(expected: s, desired: s + 1, at: state, ordering: .acquiring)
@@ -94,7 +110,13 @@ public struct ReadWriteLock: Locking, @unchecked Sendable {
     /// Acquires the lock for reading, blocking at most until `deadline`.
     @inlinable
     public func readLock(before deadline: MonotonicClock.Instant) -> Bool {
-        tryReadLock() || readLockContended(deadline: deadline)
+        LockHooks.willLock(state, .readLock)
+        guard tryReadAcquire() || readLockContended(deadline: deadline) else {
+            LockHooks.lockFailed(state, .readLock)
+            return false
+        }
+        LockHooks.tsanAcquired(state, LockHooks.tsanRead)
+        return true
     }
 
     /// Acquires the lock for reading, blocking at most `timeout`.
@@ -107,6 +129,8 @@ public struct ReadWriteLock: Locking, @unchecked Sendable {
     /// waiting writer. Releasing.
     @inlinable
     public func readUnlock() {
+        LockHooks.willUnlock(state, .readLock)
+        LockHooks.tsanReleasing(state, LockHooks.tsanRead)
         let s = AtomicMemory.add(UInt32.max, to: state, ordering: .releasing)  // minus one
         // Checked after the fact: a wrapped count means there was no reader.
         require(
@@ -130,14 +154,25 @@ public struct ReadWriteLock: Locking, @unchecked Sendable {
     /// Acquires the lock for writing; blocks while anyone holds it.
     @inlinable
     public func writeLock() {
+        LockHooks.willLock(state, .writeLock)
         if !AtomicMemory.compareAndSwap(expected: 0, desired: Self.writeLocked, at: state, ordering: .acquiring) {
             _ = writeLockContended(deadline: .distantFuture)
         }
+        LockHooks.tsanAcquired(state)
     }
 
     /// Acquires the lock for writing if nobody holds it. Never blocks.
     @inlinable
     public func tryWriteLock() -> Bool {
+        guard tryWriteAcquire() else { return false }
+        LockHooks.tsanAcquired(state, LockHooks.tsanTry)
+        LockHooks.didTryLock(state, .writeLock)
+        return true
+    }
+
+    /// `tryWriteLock` without the hooks (see `LockHooks`).
+    @inlinable
+    func tryWriteAcquire() -> Bool {
         var s = AtomicMemory.load(from: state, ordering: .relaxed)
         while s & Self.mask == 0 {
             let r = AtomicMemory.compareExchange(expected: s, desired: s | Self.writeLocked, at: state, ordering: .acquiring)
@@ -150,7 +185,13 @@ public struct ReadWriteLock: Locking, @unchecked Sendable {
     /// Acquires the lock for writing, blocking at most until `deadline`.
     @inlinable
     public func writeLock(before deadline: MonotonicClock.Instant) -> Bool {
-        tryWriteLock() || writeLockContended(deadline: deadline)
+        LockHooks.willLock(state, .writeLock)
+        guard tryWriteAcquire() || writeLockContended(deadline: deadline) else {
+            LockHooks.lockFailed(state, .writeLock)
+            return false
+        }
+        LockHooks.tsanAcquired(state)
+        return true
     }
 
     /// Acquires the lock for writing, blocking at most `timeout`.
@@ -163,6 +204,8 @@ public struct ReadWriteLock: Locking, @unchecked Sendable {
     /// waiting reader. Never blocks. Releasing.
     @inlinable
     public func writeUnlock() {
+        LockHooks.willUnlock(state, .writeLock)
+        LockHooks.tsanReleasing(state)
         let s = AtomicMemory.add(0 &- Self.writeLocked, to: state, ordering: .releasing)
         require(
             (s &+ Self.writeLocked) & Self.mask == Self.writeLocked,
