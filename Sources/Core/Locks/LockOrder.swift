@@ -42,7 +42,7 @@ import Synchronization
 /// orders after it. A timed acquisition is checked as a blocking one (an
 /// inversion that only a time-out resolves is still a bug).
 ///
-/// Cost: see `StressTesting` in the documentation catalog.
+/// Cost, and how to read a report: <doc:StressTesting>.
 public enum LockOrder {
     /// Switches the checker on for the rest of the process (the same as
     /// `SPINDLE_LOCK_ORDER=1`). Call it at the start, before threads take
@@ -150,7 +150,8 @@ public enum LockOrder {
             return
         }
         if deepened(id, kind, in: &record.held) { return }
-        check(id, kind, objectType, held: record.held + taskHeld(), record: record)
+        let mine = taskHeld()
+        check(id, kind, objectType, held: mine.isEmpty ? record.held : record.held + mine, record: record)
         record.held.append(Held(id: id, kind: kind, depth: 1, objectType: objectType))
     }
 
@@ -415,13 +416,19 @@ public enum LockOrder {
         let spindleFiles = ["/Sources/Core/Locks/", "/Sources/Core/Conditions/", "/Sources/Core/Concurrency/AsyncLock.swift"]
         var places: [String] = []
         if let symbolicated = backtrace.symbolicated() {
+            // The frames above the lock code are the capture's own; the
+            // caller's begin below the last frame in Spindle's lock files.
+            var inLockCode = false
             for frame in symbolicated.frames {
                 guard let symbol = frame.symbol else { continue }
-                if let location = symbol.sourceLocation {
-                    if spindleFiles.contains(where: { location.path.contains($0) }) { continue }
-                    places.append("\(location.path):\(location.line) in \(symbol.name)")
-                } else if places.isEmpty {
+                let path = symbol.sourceLocation?.path ?? ""
+                if spindleFiles.contains(where: { path.contains($0) }) {
+                    inLockCode = true
                     continue
+                }
+                if !inLockCode { continue }
+                if let location = symbol.sourceLocation {
+                    places.append("\(location.path):\(location.line) in \(symbol.name)")
                 } else {
                     places.append(symbol.name)
                 }
