@@ -11,5 +11,6 @@
 #include "cshims_file.h"
 #include "cshims_sources.h"
 #include "cshims_ports.h"
+#include "cshims_tsan.h"
 
 #endif // CSHIMS_H

@@ -1,3 +1,5 @@
+import CShims
+
 /// A lock for tasks: held by a task across `await`s, and acquired by
 /// suspending the task, never by blocking its thread.
 ///
@@ -117,6 +119,7 @@ public final class AsyncLock: @unchecked Sendable {
     }
 
     deinit {
+        if LockHooks.isChecking { LockOrder.forget(UInt(bitPattern: state)) }
         deallocateStableWords(base)
     }
 
@@ -155,9 +158,12 @@ public final class AsyncLock: @unchecked Sendable {
     /// returns normally holding it (the caller must unlock it).
     @inlinable
     public func lock(isolation: isolated (any Actor)? = #isolation) async throws(CancellationError) {
+        LockHooks.willLock(state, .asyncLock)
         // Acquiring: pairs with the releasing compare-and-swap in `unlock`.
-        if AtomicMemory.compareAndSwap(expected: 0, desired: Self.locked, at: state, ordering: .acquiring) { return }
-        if await lockContended(until: .distantFuture) == .cancelled { throw CancellationError() }
+        if !AtomicMemory.compareAndSwap(expected: 0, desired: Self.locked, at: state, ordering: .acquiring) {
+            if await lockContended(until: .distantFuture) == .cancelled { throw CancellationError() }
+        }
+        LockHooks.didTryLock(state, .asyncLock)
     }
 
     /// As `lock()`, but gives up at `deadline` on the monotonic clock:
@@ -178,12 +184,16 @@ public final class AsyncLock: @unchecked Sendable {
     public func lock(
         until deadline: MonotonicClock.Instant, isolation: isolated (any Actor)? = #isolation
     ) async throws(CancellationError) -> Bool {
-        if AtomicMemory.compareAndSwap(expected: 0, desired: Self.locked, at: state, ordering: .acquiring) { return true }
-        switch await lockContended(until: deadline) {
-        case .acquired: return true
-        case .timedOut: return false
-        case .cancelled: throw CancellationError()
+        LockHooks.willLock(state, .asyncLock)
+        if !AtomicMemory.compareAndSwap(expected: 0, desired: Self.locked, at: state, ordering: .acquiring) {
+            switch await lockContended(until: deadline) {
+            case .acquired: break
+            case .timedOut: return false
+            case .cancelled: throw CancellationError()
+            }
         }
+        LockHooks.didTryLock(state, .asyncLock)
+        return true
     }
 
     /// As `lock(until:)` with the deadline `timeout` from now.
@@ -199,7 +209,11 @@ public final class AsyncLock: @unchecked Sendable {
     /// served first). Acquire ordering when it returns true.
     @inlinable
     public func tryLock() -> Bool {
-        AtomicMemory.compareAndSwap(expected: 0, desired: Self.locked, at: state, ordering: .acquiring)
+        guard AtomicMemory.compareAndSwap(expected: 0, desired: Self.locked, at: state, ordering: .acquiring) else {
+            return false
+        }
+        LockHooks.didTryLock(state, .asyncLock)
+        return true
     }
 
     /// Releases the lock, or, if tasks wait in line, hands it (still locked)
@@ -208,6 +222,7 @@ public final class AsyncLock: @unchecked Sendable {
     /// ordering. Stops the process with a message if the lock is not held.
     @inlinable
     public func unlock() {
+        LockHooks.willUnlock(state, .asyncLock)
         // Releasing: pairs with the acquiring compare-and-swap of the next
         // `lock()` or `tryLock()`.
         if !AtomicMemory.compareAndSwap(expected: Self.locked, desired: 0, at: state, ordering: .releasing) {

@@ -1,3 +1,5 @@
+import CShims
+
 /// A lock and a condition in one object: Spindle's `NSCondition`.
 ///
 /// Lock it like a `Lock`, test your predicate, and `wait()` while the
@@ -71,8 +73,10 @@ public struct Condition: Locking, @unchecked Sendable {
         init() {
             base = allocateStableWords(byteCount: Condition.conditionOffset + FutexCondition.byteCount)
             FutexCondition.initialize(at: base + Condition.conditionOffset)
+            LockHooks.tsanCreated(base)
         }
         deinit {
+            LockHooks.destroyed(base)
             LockNames.forget(base)
             deallocateStableWords(base)
         }
@@ -117,24 +121,41 @@ public struct Condition: Locking, @unchecked Sendable {
     /// Acquires the lock, sleeping while another thread holds it. Blocks.
     /// Acquire ordering. Deadlocks if the caller already holds it.
     @inlinable
-    public func lock() { mutex.lock() }
+    public func lock() {
+        LockHooks.willLock(storage.base, .condition)
+        mutex.lock()
+    }
 
     /// Acquires the lock if it is free now. Never blocks. Acquire ordering on
     /// success.
     @inlinable
-    public func tryLock() -> Bool { mutex.tryLock() }
+    public func tryLock() -> Bool {
+        guard mutex.tryLock() else { return false }
+        LockHooks.didTryLock(storage.base, .condition)
+        return true
+    }
 
     /// Acquires the lock, sleeping at most until `deadline`; returns whether it
     /// did. Blocks. Acquire ordering on success.
     @inlinable
-    public func lock(before deadline: MonotonicClock.Instant) -> Bool { mutex.lock(before: deadline) }
+    public func lock(before deadline: MonotonicClock.Instant) -> Bool {
+        LockHooks.willLock(storage.base, .condition)
+        guard mutex.lock(before: deadline) else {
+            LockHooks.lockFailed(storage.base, .condition)
+            return false
+        }
+        return true
+    }
 
     /// Releases the lock, waking a thread asleep on it if there is one, and
     /// then the waiters that signals issued under the lock are to wake. Never
     /// blocks; one compare-and-swap when nobody sleeps. Release ordering.
     /// Stops the process with a message if the condition is not locked.
     @inlinable
-    public func unlock() { queue.unlockFlushingWakes(mutex) }
+    public func unlock() {
+        LockHooks.willUnlock(storage.base, .condition)
+        queue.unlockFlushingWakes(mutex)
+    }
 
     // MARK: Waiting
 
@@ -180,7 +201,7 @@ public struct Condition: Locking, @unchecked Sendable {
     @inlinable
     public func signal() {
         Perturbation.point(.conditionSignal)
-        queue.signalDeferring(to: mutex)
+        LockHooks.tsanSignal(storage.base) { queue.signalDeferring(to: mutex) }
     }
 
     /// Wakes every thread waiting on the condition. Never blocks. Sleeping
@@ -191,7 +212,7 @@ public struct Condition: Locking, @unchecked Sendable {
     @inlinable
     public func broadcast() {
         Perturbation.point(.conditionSignal)
-        queue.broadcast(requeueingOnto: mutex)
+        LockHooks.tsanSignal(storage.base) { queue.broadcast(requeueingOnto: mutex) }
     }
 }
 

@@ -1,3 +1,5 @@
+import CShims
+
 /// A lock with an integer condition: Spindle's `NSConditionLock`.
 ///
 /// The lock holds an `Int` that your program defines (the guide's producer
@@ -93,8 +95,11 @@ public struct ConditionLock: Locking, @unchecked Sendable {
             base = allocateStableWords(byteCount: MemoryLayout<Words>.size)
             (base + MemoryLayout<Words>.offset(of: \.condition)!).storeBytes(of: condition, as: Int.self)
             (base + MemoryLayout<Words>.offset(of: \.spin)!).storeBytes(of: AdaptiveSpin.initialPolls, as: UInt32.self)
+            LockHooks.tsanCreated(base + MemoryLayout<Words>.offset(of: \.held)!)
         }
         deinit {
+            LockHooks.destroyed(base + MemoryLayout<Words>.offset(of: \.held)!)
+            LockHooks.destroyed(base)
             LockNames.forget(base)
             deallocateStableWords(base)
         }
@@ -229,6 +234,8 @@ public struct ConditionLock: Locking, @unchecked Sendable {
     /// process with a message if the lock is not locked.
     @inlinable
     public func unlock() {
+        LockHooks.willUnlock(storage.base, .conditionLock)
+        LockHooks.tsanReleasing(held)
         let guardLock = self.guardLock
         guardLock.lock()
         release(guardLock, caller: "unlock()")
@@ -242,6 +249,8 @@ public struct ConditionLock: Locking, @unchecked Sendable {
     /// if the lock is not locked.
     @inlinable
     public func unlock(withCondition condition: Int) {
+        LockHooks.willUnlock(storage.base, .conditionLock)
+        LockHooks.tsanReleasing(held)
         let guardLock = self.guardLock
         guardLock.lock()
         AtomicMemory.store(condition, to: conditionWord, ordering: .relaxed)
@@ -253,9 +262,25 @@ public struct ConditionLock: Locking, @unchecked Sendable {
     /// Takes the lock if it is free and its condition lets the caller in;
     /// otherwise waits until `deadline` (a deadline already past: returns
     /// false at once).
+    /// A `tryLock` passes the deadline 0: it never waits, so the lock-order
+    /// checker records it without looking for a cycle.
     @inlinable
     func acquire(anyCondition: Bool, wanted: Int, before deadline: MonotonicClock.Instant) -> Bool {
         Perturbation.point(.lockAcquire)
+        let waits = deadline.nanoseconds != 0
+        if waits { LockHooks.willLock(storage.base, .conditionLock) }
+        guard take(anyCondition: anyCondition, wanted: wanted, before: deadline) else {
+            if waits { LockHooks.lockFailed(storage.base, .conditionLock) }
+            return false
+        }
+        LockHooks.tsanAcquired(held, waits ? 0 : LockHooks.tsanTry)
+        if !waits { LockHooks.didTryLock(storage.base, .conditionLock) }
+        return true
+    }
+
+    /// `acquire` without the hooks.
+    @inlinable
+    func take(anyCondition: Bool, wanted: Int, before deadline: MonotonicClock.Instant) -> Bool {
         if takeIfFree(anyCondition: anyCondition, wanted: wanted) { return true }
         if !deadline.isDistantFuture && MonotonicClock.now >= deadline { return false }
         let guardLock = self.guardLock
@@ -288,7 +313,9 @@ public struct ConditionLock: Locking, @unchecked Sendable {
         // The condition only changes while the lock is held: if it still
         // admits us after the take, it did then.
         if anyCondition || AtomicMemory.load(from: conditionWord, ordering: .relaxed) == wanted { return true }
-        unlock()
+        let guardLock = self.guardLock
+        guardLock.lock()
+        release(guardLock, caller: "unlock()")
         return false
     }
 

@@ -154,7 +154,7 @@ public struct ConditionVariable: @unchecked Sendable {
     @usableFromInline
     @inline(never)
     func signalWaiting() {
-        queue.signalMoving(onto: pairedMutex())
+        LockHooks.tsanSignal(storage.base) { queue.signalMoving(onto: pairedMutex()) }
     }
 
     /// Wakes every thread waiting on the variable, moving sleepers onto the
@@ -171,7 +171,7 @@ public struct ConditionVariable: @unchecked Sendable {
     @usableFromInline
     @inline(never)
     func broadcastWaiting() {
-        queue.broadcast(requeueingOnto: pairedMutex())
+        LockHooks.tsanSignal(storage.base) { queue.broadcast(requeueingOnto: pairedMutex()) }
     }
 
     /// The paired lock's mutex. Called after seeing a waiter: a waiter pairs

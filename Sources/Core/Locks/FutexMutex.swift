@@ -86,6 +86,7 @@ struct FutexMutex {
         if !AtomicMemory.compareAndSwap(expected: 0, desired: LockWord.locked, at: word, ordering: .acquiring) {
             _ = lockContended(until: .distantFuture)
         }
+        LockHooks.tsanAcquired(word)
     }
 
     @inlinable
@@ -94,14 +95,18 @@ struct FutexMutex {
     @inlinable
     func lock(before deadline: MonotonicClock.Instant) -> Bool {
         Perturbation.point(.lockAcquire)
-        if AtomicMemory.compareAndSwap(expected: 0, desired: LockWord.locked, at: word, ordering: .acquiring) {
+        if AtomicMemory.compareAndSwap(expected: 0, desired: LockWord.locked, at: word, ordering: .acquiring)
+            || lockContended(until: deadline)
+        {
+            LockHooks.tsanAcquired(word)
             return true
         }
-        return lockContended(until: deadline)
+        return false
     }
 
     @inlinable
     func unlock() {
+        LockHooks.tsanReleasing(word)
         // Pairs with the acquiring compare-and-swap of the next holder.
         if !AtomicMemory.compareAndSwap(expected: LockWord.locked, desired: 0, at: word, ordering: .releasing) {
             unlockContended()
@@ -117,7 +122,7 @@ struct FutexMutex {
         let now = MonotonicClock.now
         // A deadline already past: exactly `tryLock` (no `parked` bit, which
         // would cost the holder's unlock a system call).
-        if !deadline.isDistantFuture && now >= deadline { return core.tryLock() }
+        if !deadline.isDistantFuture && now >= deadline { return core.tryAcquire() }
         let starving = now.advanced(by: LockTuning.starvationBound)
         if core.acquire(until: starving < deadline ? starving : deadline, hasSlept: false) { return true }
         if starving >= deadline { return false }
@@ -130,8 +135,8 @@ struct FutexMutex {
     @usableFromInline
     func lockAfterRequeue() {
         let starving = MonotonicClock.now.advanced(by: LockTuning.starvationBound)
-        if core.acquire(until: starving, hasSlept: true) { return }
-        _ = lockStarving(until: .distantFuture)
+        if !core.acquire(until: starving, hasSlept: true) { _ = lockStarving(until: .distantFuture) }
+        LockHooks.tsanAcquired(word)
     }
 
     @usableFromInline
@@ -389,6 +394,7 @@ struct FutexMutex {
     @inlinable
     func unlockTakingDeferredWakes() -> UInt32 {
         defer { Perturbation.point(.lockRelease) }
+        LockHooks.tsanReleasing(word)
         if AtomicMemory.compareAndSwap(expected: LockWord.locked, desired: 0, at: word, ordering: .releasing) {
             return 0
         }

@@ -1,3 +1,5 @@
+import CShims
+
 /// A mutual-exclusion lock on a futex: Spindle's `NSLock` / `pthread_mutex_t`.
 ///
 /// A class whose state a lock guards (for a single value, `LockedValue` is
@@ -48,8 +50,12 @@
 /// `Locking`). Misuse: `unlock()` of a lock that is not locked stops the
 /// process with a message. Unlocking from a thread other than the holder is
 /// not detected (tracking the owner would cost the fast path); use
-/// `RecursiveLock` when you want ownership checked. Not recursive: locking it
-/// again on the thread that holds it deadlocks.
+/// `RecursiveLock` when you want ownership checked. Not recursive: `lock()`
+/// again on the thread that holds it would wait forever; a debug build of
+/// Spindle (and any build with the lock-order checker on, see `LockOrder`)
+/// stops the process there with a message naming the lock instead. A
+/// release build does not look (it would cost the uncontended path a store
+/// of the holder), and the thread hangs.
 public struct Lock: Locking, @unchecked Sendable {
     // @unchecked: the storage is only touched through atomics on its words.
 
@@ -59,21 +65,65 @@ public struct Lock: Locking, @unchecked Sendable {
 
     @usableFromInline
     final class Storage: ManagedBuffer<Void, UInt32> {
-        deinit { withUnsafeMutablePointerToElements { LockNames.forget($0) } }
+        deinit {
+            withUnsafeMutablePointerToElements {
+                LockHooks.destroyed($0)
+                LockNames.forget($0)
+            }
+        }
     }
-    // No header; tail elements: `FutexMutex.Words`.
-    // 16 (object header) + 4 × 4 = 32 bytes on the heap.
+    // No header; tail elements: `FutexMutex.Words`, then the holder's thread
+    // token (`cshims_thread_token()`, two elements, 8-byte aligned at offset
+    // 32 of the object), kept in debug builds only.
+    // 16 (object header) + 4 × 4 + 8 = 40 bytes on the heap (one 48-byte
+    // glibc block, as without the token).
 
     @usableFromInline let storage: Storage
     @usableFromInline let mutex: FutexMutex
 
     /// A new, unlocked lock.
     public init() {
-        let buffer = Storage.create(minimumCapacity: FutexMutex.wordCount) { _ in }
+        let buffer = Storage.create(minimumCapacity: FutexMutex.wordCount + 2) { _ in }
         storage = unsafeDowncast(buffer, to: Storage.self)
         let words = storage.withUnsafeMutablePointerToElements { $0 }
-        words.initialize(repeating: 0, count: FutexMutex.wordCount)
+        words.initialize(repeating: 0, count: FutexMutex.wordCount + 2)
         mutex = FutexMutex(words: words)
+        LockHooks.tsanCreated(words)
+    }
+
+    /// The holder's thread token, in debug builds (0: not held, or held by
+    /// a thread that took it back inside a condition's wait).
+    @inlinable
+    var holderWord: UnsafeMutablePointer<UInt> {
+        (UnsafeMutableRawPointer(mutex.word) + MemoryLayout<FutexMutex.Words>.size).assumingMemoryBound(to: UInt.self)
+    }
+
+    /// Debug builds: notes the caller as the holder, after it acquired.
+    @inlinable
+    @inline(__always)
+    func tookHold() {
+        #if DEBUG
+        // Relaxed: only the holder writes it, and a thread compares it only
+        // with its own token.
+        AtomicMemory.store(UInt(cshims_thread_token()), to: holderWord, ordering: .relaxed)
+        #endif
+    }
+
+    /// Debug builds: stops if the caller already holds the lock (it would
+    /// wait for itself).
+    @inlinable
+    @inline(__always)
+    func checkNotHeldByCaller() {
+        #if DEBUG
+        if AtomicMemory.load(from: holderWord, ordering: .relaxed) == UInt(cshims_thread_token()) { relocked() }
+        #endif
+    }
+
+    @usableFromInline
+    @inline(never)
+    func relocked() -> Never {
+        misuse(
+            "lock(): \(LockNames.label("Lock", mutex.word)) is already held by the calling thread: a Lock is not recursive, and this thread would wait for itself forever (use RecursiveLock to take a lock again on the thread that holds it)")
     }
 
     /// A name for the lock, for people reading diagnostics (Foundation's
@@ -101,24 +151,48 @@ public struct Lock: Locking, @unchecked Sendable {
     /// Acquires the lock, sleeping while another thread holds it.
     /// Blocks. Acquire ordering. Deadlocks if the caller already holds it.
     @inlinable
-    public func lock() { mutex.lock() }
+    public func lock() {
+        LockHooks.willLock(mutex.word, .lock)
+        checkNotHeldByCaller()
+        mutex.lock()
+        tookHold()
+    }
 
     /// Acquires the lock if it is free now. Never blocks. Acquire ordering on
     /// success. Returns false while another thread holds it (also while a
     /// hand-off to a sleeper is pending).
     @inlinable
-    public func tryLock() -> Bool { mutex.tryLock() }
+    public func tryLock() -> Bool {
+        guard mutex.tryLock() else { return false }
+        LockHooks.didTryLock(mutex.word, .lock)
+        tookHold()
+        return true
+    }
 
     /// Acquires the lock, sleeping at most until `deadline`. Returns whether
     /// it acquired. Blocks. Acquire ordering on success.
     @inlinable
-    public func lock(before deadline: MonotonicClock.Instant) -> Bool { mutex.lock(before: deadline) }
+    public func lock(before deadline: MonotonicClock.Instant) -> Bool {
+        LockHooks.willLock(mutex.word, .lock)
+        guard mutex.lock(before: deadline) else {
+            LockHooks.lockFailed(mutex.word, .lock)
+            return false
+        }
+        tookHold()
+        return true
+    }
 
     /// Releases the lock, waking a sleeper if there is one. Never blocks; a
     /// system call only when a thread sleeps on the lock. Release ordering.
     /// Stops the process with a message if the lock is not locked.
     @inlinable
-    public func unlock() { mutex.unlock() }
+    public func unlock() {
+        LockHooks.willUnlock(mutex.word, .lock)
+        #if DEBUG
+        AtomicMemory.store(0, to: holderWord, ordering: .relaxed)
+        #endif
+        mutex.unlock()
+    }
 }
 
 extension Lock: Equatable {

@@ -1,3 +1,5 @@
+import CShims
+
 /// A value that only the holder of its lock can reach: Spindle's
 /// `Synchronization.Mutex<Value>` and NIO's `NIOLockedValueBox`, on `Lock`'s
 /// futex core.
@@ -45,7 +47,9 @@ public struct LockedValue<Value>: @unchecked Sendable {
     /// The value (the header) and the lock's words (tail elements:
     /// `FutexMutex.Words`), in one heap object that never moves.
     @usableFromInline
-    final class Storage: ManagedBuffer<Value, UInt32> {}
+    final class Storage: ManagedBuffer<Value, UInt32> {
+        deinit { withUnsafeMutablePointerToElements { LockHooks.destroyed($0) } }
+    }
 
     @usableFromInline let storage: Storage
 
@@ -54,6 +58,7 @@ public struct LockedValue<Value>: @unchecked Sendable {
         let buffer = Storage.create(minimumCapacity: FutexMutex.wordCount) { [initialValue] _ in initialValue }
         storage = unsafeDowncast(buffer, to: Storage.self)
         storage.withUnsafeMutablePointerToElements { $0.initialize(repeating: 0, count: FutexMutex.wordCount) }
+        LockHooks.tsanCreated(storage.withUnsafeMutablePointerToElements { $0 })
     }
 
     /// For tests: the raw lock word, 0 when idle. Never blocks; a relaxed
@@ -89,8 +94,12 @@ public struct LockedValue<Value>: @unchecked Sendable {
         _ body: (inout sending Value) throws(Failure) -> sending Result
     ) throws(Failure) -> sending Result {
         let mutex = self.mutex
+        LockHooks.willLock(mutex.word, .lockedValue)
         mutex.lock()
-        defer { mutex.unlock() }
+        defer {
+            LockHooks.willUnlock(mutex.word, .lockedValue)
+            mutex.unlock()
+        }
         return try body(&valuePointer.pointee)
     }
 
@@ -104,7 +113,11 @@ public struct LockedValue<Value>: @unchecked Sendable {
     ) throws(Failure) -> sending Result? {
         let mutex = self.mutex
         guard mutex.tryLock() else { return nil }
-        defer { mutex.unlock() }
+        LockHooks.didTryLock(mutex.word, .lockedValue)
+        defer {
+            LockHooks.willUnlock(mutex.word, .lockedValue)
+            mutex.unlock()
+        }
         return try body(&valuePointer.pointee)
     }
 
@@ -122,8 +135,15 @@ public struct LockedValue<Value>: @unchecked Sendable {
         _ body: (inout sending Value) throws(Failure) -> sending Result
     ) throws(Failure) -> sending Result? {
         let mutex = self.mutex
-        guard mutex.lock(before: deadline) else { return nil }
-        defer { mutex.unlock() }
+        LockHooks.willLock(mutex.word, .lockedValue)
+        guard mutex.lock(before: deadline) else {
+            LockHooks.lockFailed(mutex.word, .lockedValue)
+            return nil
+        }
+        defer {
+            LockHooks.willUnlock(mutex.word, .lockedValue)
+            mutex.unlock()
+        }
         return try body(&valuePointer.pointee)
     }
 

@@ -39,6 +39,7 @@ struct PlainFutexMutex {
         if !AtomicMemory.compareAndSwap(expected: 0, desired: LockWord.locked, at: word, ordering: .acquiring) {
             _ = acquire(until: .distantFuture, hasSlept: false)
         }
+        LockHooks.tsanAcquired(word)
     }
 
     /// Acquires if the word is unlocked now. Never blocks. Acquire ordering on
@@ -46,6 +47,15 @@ struct PlainFutexMutex {
     @inlinable
     func tryLock() -> Bool {
         Perturbation.point(.lockAcquire)
+        guard tryAcquire() else { return false }
+        LockHooks.tsanAcquired(word, LockHooks.tsanTry)
+        return true
+    }
+
+    /// `tryLock` without telling ThreadSanitizer, for the paths whose caller
+    /// tells it (see `LockHooks`).
+    @inlinable
+    func tryAcquire() -> Bool {
         var state = AtomicMemory.load(from: word, ordering: .relaxed)
         while state & LockWord.locked == 0 {
             let r = AtomicMemory.compareExchange(
@@ -61,16 +71,20 @@ struct PlainFutexMutex {
     @inlinable
     func lock(before deadline: MonotonicClock.Instant) -> Bool {
         Perturbation.point(.lockAcquire)
-        if AtomicMemory.compareAndSwap(expected: 0, desired: LockWord.locked, at: word, ordering: .acquiring) {
+        if AtomicMemory.compareAndSwap(expected: 0, desired: LockWord.locked, at: word, ordering: .acquiring)
+            || lockContended(until: deadline)
+        {
+            LockHooks.tsanAcquired(word)
             return true
         }
-        return lockContended(until: deadline)
+        return false
     }
 
     /// Releases, waking one sleeper if `parked` is set. Never blocks. Release
     /// ordering. Stops the process if the word was not locked.
     @inlinable
     func unlock() {
+        LockHooks.tsanReleasing(word)
         // Pairs with the acquiring compare-and-swap of the next holder.
         if !AtomicMemory.compareAndSwap(expected: LockWord.locked, desired: 0, at: word, ordering: .releasing) {
             unlockContended()
@@ -83,7 +97,7 @@ struct PlainFutexMutex {
     func lockContended(until deadline: MonotonicClock.Instant) -> Bool {
         // A deadline already past: exactly `tryLock`, with no spin and no
         // `parked` bit (which would cost the holder's unlock a system call).
-        if !deadline.isDistantFuture && MonotonicClock.now >= deadline { return tryLock() }
+        if !deadline.isDistantFuture && MonotonicClock.now >= deadline { return tryAcquire() }
         return acquire(until: deadline, hasSlept: false)
     }
 
@@ -171,6 +185,7 @@ struct PlainFutexMutex {
     @usableFromInline
     func lockAfterRequeue() {
         _ = acquire(until: .distantFuture, hasSlept: true)
+        LockHooks.tsanAcquired(word)
     }
 
     /// Before threads are moved onto the word while it may be locked: sets

@@ -1,3 +1,5 @@
+import CShims
+
 /// A shared/exclusive lock that prefers writers, as the guide describes:
 /// any number of readers may hold it together; a writer holds it alone; and
 /// while a writer waits, new readers wait too, so a stream of readers cannot
@@ -32,7 +34,9 @@ public struct ReadWriteLock: Locking, @unchecked Sendable {
     @usableFromInline static var writersWaiting: UInt32 { 1 << 31 }
 
     @usableFromInline
-    final class Storage: ManagedBuffer<Void, UInt32> {}
+    final class Storage: ManagedBuffer<Void, UInt32> {
+        deinit { withUnsafeMutablePointerToElements { LockHooks.destroyed($0) } }
+    }
     // Three tail words: [0] the state, [1] the writers' wake-up counter,
     // [2] how many writers are in the slow path waiting.
 
@@ -53,6 +57,7 @@ public struct ReadWriteLock: Locking, @unchecked Sendable {
         state.initialize(repeating: 0, count: 3)
         writerWake = state + 1
         waitingWriters = state + 2
+        LockHooks.tsanCreated(state)
     }
 
     /// The raw state word, for tests and diagnostics: 0 when idle.
@@ -72,18 +77,29 @@ public struct ReadWriteLock: Locking, @unchecked Sendable {
     @inlinable
     public func readLock() {
         Perturbation.point(.lockAcquire)
+        LockHooks.willLock(state, .readLock)
         let s = AtomicMemory.load(from: state, ordering: .relaxed)
         if !(Self.isReadLockable(s)
             && AtomicMemory.compareAndSwap(expected: s, desired: s + 1, at: state, ordering: .acquiring))
         {
             _ = readLockContended(deadline: .distantFuture)
         }
+        LockHooks.tsanAcquired(state, LockHooks.tsanRead)
     }
 
     /// Acquires the lock for reading if possible without blocking.
     @inlinable
     public func tryReadLock() -> Bool {
         Perturbation.point(.lockAcquire)
+        guard tryReadAcquire() else { return false }
+        LockHooks.tsanAcquired(state, LockHooks.tsanRead | LockHooks.tsanTry)
+        LockHooks.didTryLock(state, .readLock)
+        return true
+    }
+
+    /// `tryReadLock` without the hooks (see `LockHooks`).
+    @inlinable
+    func tryReadAcquire() -> Bool {
         var s = AtomicMemory.load(from: state, ordering: .relaxed)
         while Self.isReadLockable(s) {
             let r = AtomicMemory.compareExchange(expected: s, desired: s + 1, at: state, ordering: .acquiring)
@@ -96,7 +112,13 @@ public struct ReadWriteLock: Locking, @unchecked Sendable {
     /// Acquires the lock for reading, blocking at most until `deadline`.
     @inlinable
     public func readLock(before deadline: MonotonicClock.Instant) -> Bool {
-        tryReadLock() || readLockContended(deadline: deadline)
+        LockHooks.willLock(state, .readLock)
+        guard tryReadAcquire() || readLockContended(deadline: deadline) else {
+            LockHooks.lockFailed(state, .readLock)
+            return false
+        }
+        LockHooks.tsanAcquired(state, LockHooks.tsanRead)
+        return true
     }
 
     /// Acquires the lock for reading, blocking at most `timeout`.
@@ -109,6 +131,8 @@ public struct ReadWriteLock: Locking, @unchecked Sendable {
     /// waiting writer. Releasing.
     @inlinable
     public func readUnlock() {
+        LockHooks.willUnlock(state, .readLock)
+        LockHooks.tsanReleasing(state, LockHooks.tsanRead)
         let s = AtomicMemory.add(UInt32.max, to: state, ordering: .releasing)  // minus one
         // Checked after the fact: a wrapped count means there was no reader.
         require(
@@ -134,15 +158,26 @@ public struct ReadWriteLock: Locking, @unchecked Sendable {
     @inlinable
     public func writeLock() {
         Perturbation.point(.lockAcquire)
+        LockHooks.willLock(state, .writeLock)
         if !AtomicMemory.compareAndSwap(expected: 0, desired: Self.writeLocked, at: state, ordering: .acquiring) {
             _ = writeLockContended(deadline: .distantFuture)
         }
+        LockHooks.tsanAcquired(state)
     }
 
     /// Acquires the lock for writing if nobody holds it. Never blocks.
     @inlinable
     public func tryWriteLock() -> Bool {
         Perturbation.point(.lockAcquire)
+        guard tryWriteAcquire() else { return false }
+        LockHooks.tsanAcquired(state, LockHooks.tsanTry)
+        LockHooks.didTryLock(state, .writeLock)
+        return true
+    }
+
+    /// `tryWriteLock` without the hooks (see `LockHooks`).
+    @inlinable
+    func tryWriteAcquire() -> Bool {
         var s = AtomicMemory.load(from: state, ordering: .relaxed)
         while s & Self.mask == 0 {
             let r = AtomicMemory.compareExchange(expected: s, desired: s | Self.writeLocked, at: state, ordering: .acquiring)
@@ -155,7 +190,13 @@ public struct ReadWriteLock: Locking, @unchecked Sendable {
     /// Acquires the lock for writing, blocking at most until `deadline`.
     @inlinable
     public func writeLock(before deadline: MonotonicClock.Instant) -> Bool {
-        tryWriteLock() || writeLockContended(deadline: deadline)
+        LockHooks.willLock(state, .writeLock)
+        guard tryWriteAcquire() || writeLockContended(deadline: deadline) else {
+            LockHooks.lockFailed(state, .writeLock)
+            return false
+        }
+        LockHooks.tsanAcquired(state)
+        return true
     }
 
     /// Acquires the lock for writing, blocking at most `timeout`.
@@ -168,6 +209,8 @@ public struct ReadWriteLock: Locking, @unchecked Sendable {
     /// waiting reader. Never blocks. Releasing.
     @inlinable
     public func writeUnlock() {
+        LockHooks.willUnlock(state, .writeLock)
+        LockHooks.tsanReleasing(state)
         let s = AtomicMemory.add(0 &- Self.writeLocked, to: state, ordering: .releasing)
         require(
             (s &+ Self.writeLocked) & Self.mask == Self.writeLocked,

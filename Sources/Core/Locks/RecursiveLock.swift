@@ -1,3 +1,5 @@
+import CShims
+
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -29,7 +31,12 @@ public struct RecursiveLock: Locking, @unchecked Sendable {
     /// Tail elements: the mutex's words (`FutexMutex.Words`).
     @usableFromInline
     final class Storage: ManagedBuffer<Header, UInt32> {
-        deinit { withUnsafeMutablePointerToElements { LockNames.forget($0) } }
+        deinit {
+            withUnsafeMutablePointerToElements {
+                LockHooks.destroyed($0)
+                LockNames.forget($0)
+            }
+        }
     }
 
     @usableFromInline let storage: Storage
@@ -46,6 +53,7 @@ public struct RecursiveLock: Locking, @unchecked Sendable {
             words: words,
             owner: (header + MemoryLayout<Header>.offset(of: \.owner)!).assumingMemoryBound(to: UInt.self),
             depth: (header + MemoryLayout<Header>.offset(of: \.depth)!).assumingMemoryBound(to: Int.self))
+        LockHooks.tsanCreated(words)
     }
 
     /// A name for the lock, for people reading diagnostics (Foundation's
@@ -72,21 +80,38 @@ public struct RecursiveLock: Locking, @unchecked Sendable {
     /// Acquires the lock, or deepens it if this thread already holds it.
     /// Blocks while another thread holds it.
     @inlinable
-    public func lock() { core.lock() }
+    public func lock() {
+        LockHooks.willLock(core.mutex.word, .recursiveLock)
+        core.lock()
+    }
 
     /// Acquires or deepens the lock if possible without blocking.
     @inlinable
-    public func tryLock() -> Bool { core.tryLock() }
+    public func tryLock() -> Bool {
+        guard core.tryLock() else { return false }
+        LockHooks.didTryLock(core.mutex.word, .recursiveLock)
+        return true
+    }
 
     /// Acquires or deepens the lock, blocking at most until `deadline`.
     @inlinable
-    public func lock(before deadline: MonotonicClock.Instant) -> Bool { core.lock(before: deadline) }
+    public func lock(before deadline: MonotonicClock.Instant) -> Bool {
+        LockHooks.willLock(core.mutex.word, .recursiveLock)
+        guard core.lock(before: deadline) else {
+            LockHooks.lockFailed(core.mutex.word, .recursiveLock)
+            return false
+        }
+        return true
+    }
 
     /// Undoes one `lock()`; the last one releases the lock to other threads.
     /// Never blocks. Stops the process with a message when the calling thread
     /// does not hold the lock.
     @inlinable
-    public func unlock() { core.unlock() }
+    public func unlock() {
+        LockHooks.willUnlock(core.mutex.word, .recursiveLock)
+        core.unlock()
+    }
 }
 
 /// The recursive lock algorithm behind `RecursiveLock` and `synchronized`,

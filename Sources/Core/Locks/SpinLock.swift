@@ -1,3 +1,5 @@
+import CShims
+
 
 /// A test-and-test-and-set spin lock, for tiny critical sections only: a few
 /// loads and stores that never block, never allocate and never call out.
@@ -28,7 +30,9 @@ public struct SpinLock: Locking, @unchecked Sendable {
     // @unchecked: the word is only accessed atomically.
 
     @usableFromInline
-    final class Storage: ManagedBuffer<Void, UInt32> {}
+    final class Storage: ManagedBuffer<Void, UInt32> {
+        deinit { withUnsafeMutablePointerToElements { LockHooks.destroyed($0) } }
+    }
 
     @usableFromInline let storage: Storage
     @usableFromInline let word: UnsafeMutablePointer<UInt32>
@@ -47,6 +51,7 @@ public struct SpinLock: Locking, @unchecked Sendable {
         storage = unsafeDowncast(buffer, to: Storage.self)
         word = storage.withUnsafeMutablePointerToElements { $0 }
         word.initialize(to: 0)
+        LockHooks.tsanCreated(word)
     }
 
     /// The raw lock word, for tests and diagnostics: 0 when idle.
@@ -57,10 +62,12 @@ public struct SpinLock: Locking, @unchecked Sendable {
     @inlinable
     public func lock() {
         Perturbation.point(.lockAcquire)
+        LockHooks.willLock(word, .spinLock)
         // Pairs with the releasing exchange in `unlock`.
         if !AtomicMemory.compareAndSwap(expected: 0, desired: Self.locked, at: word, ordering: .acquiring) {
             _ = lockContended(deadline: .distantFuture)
         }
+        LockHooks.tsanAcquired(word)
     }
 
     /// Acquires the lock if it is free now. Never blocks, never spins.
@@ -68,7 +75,16 @@ public struct SpinLock: Locking, @unchecked Sendable {
     @inlinable
     public func tryLock() -> Bool {
         Perturbation.point(.lockAcquire)
-        return AtomicMemory.load(from: word, ordering: .relaxed) == 0
+        guard tryAcquire() else { return false }
+        LockHooks.tsanAcquired(word, LockHooks.tsanTry)
+        LockHooks.didTryLock(word, .spinLock)
+        return true
+    }
+
+    /// `tryLock` without the hooks (see `LockHooks`).
+    @inlinable
+    func tryAcquire() -> Bool {
+        AtomicMemory.load(from: word, ordering: .relaxed) == 0
             && AtomicMemory.compareAndSwap(expected: 0, desired: Self.locked, at: word, ordering: .acquiring)
     }
 
@@ -78,8 +94,16 @@ public struct SpinLock: Locking, @unchecked Sendable {
     @inlinable
     public func lock(before deadline: MonotonicClock.Instant) -> Bool {
         Perturbation.point(.lockAcquire)
-        return AtomicMemory.compareAndSwap(expected: 0, desired: Self.locked, at: word, ordering: .acquiring)
-            || lockContended(deadline: deadline)
+        LockHooks.willLock(word, .spinLock)
+        guard
+            AtomicMemory.compareAndSwap(expected: 0, desired: Self.locked, at: word, ordering: .acquiring)
+                || lockContended(deadline: deadline)
+        else {
+            LockHooks.lockFailed(word, .spinLock)
+            return false
+        }
+        LockHooks.tsanAcquired(word)
+        return true
     }
 
     /// Releases the lock with one releasing exchange, and wakes one sleeping
@@ -89,6 +113,8 @@ public struct SpinLock: Locking, @unchecked Sendable {
     @inlinable
     public func unlock() {
         defer { Perturbation.point(.lockRelease) }
+        LockHooks.willUnlock(word, .spinLock)
+        LockHooks.tsanReleasing(word)
         // Pairs with the acquiring compare-and-swap or exchange of the next holder.
         let previous = AtomicMemory.exchange(0, at: word, ordering: .releasing)
         if previous == Self.locked { return }
@@ -100,7 +126,7 @@ public struct SpinLock: Locking, @unchecked Sendable {
     @inline(never)
     func lockContended(deadline: MonotonicClock.Instant) -> Bool {
         // A deadline already past: exactly `tryLock`, no spin, no mark.
-        if !deadline.isDistantFuture && MonotonicClock.now >= deadline { return tryLock() }
+        if !deadline.isDistantFuture && MonotonicClock.now >= deadline { return tryAcquire() }
         // Test, then test-and-set: spin on a load, which keeps the line
         // shared instead of bouncing it between cores.
         for round in 0..<Self.spinLimit {

@@ -30,8 +30,12 @@ public func synchronized<Result, Failure: Error>(
     _ object: AnyObject, _ body: () throws(Failure) -> Result
 ) throws(Failure) -> Result {
     // The identity, not the object: no retain of it on the way in.
+    LockHooks.willLock(object: object)
     let entry = SynchronizedTable.enter(UInt(bitPattern: Int(bitPattern: ObjectIdentifier(object))))
-    defer { SynchronizedTable.exit(entry) }
+    defer {
+        LockHooks.willUnlock(object: object)
+        SynchronizedTable.exit(entry)
+    }
     return try body()
 }
 
@@ -126,6 +130,7 @@ enum SynchronizedTable {
         if cshims_atomic_cas_u32(
             entry.assumingMemoryBound(to: UInt32.self), &expected, LockWord.locked, Int32(CSHIMS_ORDER_ACQUIRE.rawValue))
         {
+            LockHooks.tsanAcquired(entry, LockHooks.tsanTry)
             return true
         }
         return lock(of: entry).tryLock()
@@ -136,6 +141,7 @@ enum SynchronizedTable {
     @inlinable
     @inline(__always)
     static func unlockEntry(_ entry: UnsafeMutableRawPointer) {
+        LockHooks.tsanReleasing(entry)
         var expected = LockWord.locked
         if !cshims_atomic_cas_u32(
             entry.assumingMemoryBound(to: UInt32.self), &expected, 0, Int32(CSHIMS_ORDER_RELEASE.rawValue))

@@ -1,0 +1,228 @@
+import Spindle
+import TestSupport
+import Testing
+
+/// The lock-order checker (`LockOrder`, issue 36 part 2) and the re-lock
+/// check of `Lock` (issue 39). Each inversion runs in a child process that
+/// switches the checker on (`LockOrder.enable()`, as `SPINDLE_LOCK_ORDER=1`
+/// would) and must stop with a report, at the acquisition that closes the
+/// cycle, before any thread waits: the threads take their locks one after
+/// the other, so a checker that missed the cycle would let the child exit
+/// normally (the expectation of a failure exit then fails), never hang.
+@Suite struct LockOrderTests {
+    @Test func anABBAPairIsReportedWithTheLocksAndTheirSites() async {
+        let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+            LockOrder.enable()
+            let a = Spindle.Lock()
+            a.name = "accounts"
+            let b = Spindle.Lock()
+            b.name = "ledger"
+            startThread {
+                a.lock()
+                b.lock()  // the edge accounts -> ledger
+                b.unlock()
+                a.unlock()
+            }()
+            startThread {
+                b.lock()
+                a.lock()  // ledger -> accounts closes the cycle: reported here
+                a.unlock()
+                b.unlock()
+            }()
+        }
+        let text = stderrText(result)
+        #expect(text.contains("lock order"), "\(text)")
+        #expect(text.contains("acquiring Lock \"accounts\" (0x"), "\(text)")
+        #expect(text.contains("while holding Lock \"ledger\" (0x"), "\(text)")
+        // Each edge of the cycle, with the place its second lock was taken
+        // (here inside the `#expect` macro's expansion of this test).
+        #expect(text.contains(") -> Lock \"ledger\" (0x"), "\(text)")
+        #expect(text.contains(") -> Lock \"accounts\" (0x"), "\(text)")
+        #expect(text.contains("acquired while holding it at /"), "\(text)")
+        #expect(text.contains("anABBAPairIsReportedWithTheLocksAndTheirSites()"), "\(text)")
+    }
+
+    @Test func aThreeLockCycleAcrossThreeThreadsIsReported() async {
+        let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+            LockOrder.enable()
+            let locks = (0..<3).map { index -> Spindle.Lock in
+                let lock = Spindle.Lock()
+                lock.name = "L\(index)"
+                return lock
+            }
+            // Thread i takes L(i), then L(i+1): the third closes L0 -> L1 -> L2 -> L0.
+            for index in 0..<3 {
+                startThread {
+                    let first = locks[index]
+                    let second = locks[(index + 1) % 3]
+                    first.lock()
+                    second.lock()
+                    second.unlock()
+                    first.unlock()
+                }()
+            }
+        }
+        let text = stderrText(result)
+        #expect(text.contains("lock order"), "\(text)")
+        #expect(text.contains("acquiring Lock \"L0\" (0x"), "\(text)")
+        #expect(text.contains("while holding Lock \"L2\" (0x"), "\(text)")
+        #expect(text.contains(") -> Lock \"L1\" (0x"), "\(text)")
+        #expect(text.contains(") -> Lock \"L2\" (0x"), "\(text)")
+        #expect(text.contains(") -> Lock \"L0\" (0x"), "\(text)")
+    }
+
+    @Test func aCycleThroughSynchronizedObjectsIsReported() async {
+        let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+            LockOrder.enable()
+            let account = Account()
+            let audit = AuditLog()
+            startThread {
+                synchronized(account) {
+                    synchronized(account) {  // recursion: no cycle
+                        synchronized(audit) {}
+                    }
+                }
+            }()
+            startThread {
+                synchronized(audit) {
+                    synchronized(account) {}
+                }
+            }()
+        }
+        let text = stderrText(result)
+        #expect(text.contains("lock order"), "\(text)")
+        #expect(text.contains("synchronized(Account)"), "\(text)")
+        #expect(text.contains("synchronized(AuditLog)"), "\(text)")
+    }
+
+    @Test func aReadWriteInversionIsACycleButReadersNeverWaitForReaders() async {
+        let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+            LockOrder.enable()
+            let table = ReadWriteLock()
+            let log = Spindle.Lock()
+            log.name = "log"
+            // Readers in both orders: two shared holds of `table` never wait
+            // for each other, so no cycle.
+            startThread {
+                table.readLock()
+                log.lock()
+                log.unlock()
+                table.readUnlock()
+            }()
+            startThread {
+                log.lock()
+                table.readLock()
+                table.readLock()  // read-read recursion: fine
+                table.readUnlock()
+                table.readUnlock()
+                log.unlock()
+            }()
+            // A writer against the reader's order: a real cycle.
+            startThread {
+                log.lock()
+                table.writeLock()
+                table.writeUnlock()
+                log.unlock()
+            }()
+        }
+        let text = stderrText(result)
+        #expect(text.contains("lock order: acquiring ReadWriteLock"), "\(text)")
+        #expect(text.contains("while holding Lock \"log\""), "\(text)")
+    }
+
+    @Test func aCycleThroughAsyncLocksIsReportedBeforeTheTaskSuspends() async {
+        let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+            LockOrder.enable()
+            let cache = AsyncLock()
+            let store = AsyncLock()
+            try await cache.lock()
+            try await store.lock()
+            store.unlock()
+            cache.unlock()
+            await Task.detached {
+                try? await store.lock()
+                try? await cache.lock()  // store -> cache closes the cycle
+                cache.unlock()
+                store.unlock()
+            }.value
+        }
+        let text = stderrText(result)
+        #expect(text.contains("lock order: acquiring AsyncLock"), "\(text)")
+        #expect(text.contains("while holding AsyncLock"), "\(text)")
+    }
+
+    @Test func takingALockAgainOnTheHoldingThreadIsASelfDeadlock() async {
+        let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+            LockOrder.enable()
+            let table = ReadWriteLock()
+            table.readLock()
+            table.writeLock()
+        }
+        let text = stderrText(result)
+        #expect(text.contains("lock order: ReadWriteLock"), "\(text)")
+        #expect(text.contains("acquired again by the thread that holds it for reading"), "\(text)")
+    }
+
+    @Test func aConsistentOrderOverAMillionAcquisitionsReportsNothing() async {
+        await #expect(processExitsWith: .success) {
+            LockOrder.enable()
+            let outer = Spindle.Lock()
+            let middle = RecursiveLock()
+            let inner = LockedValue(0)
+            let condition = Condition()
+            let spin = SpinLock()
+            let account = Account()
+            // 2 threads × 50,000 rounds × 11 acquisitions: over 10^6.
+            runThreads(2) { _ in
+                for _ in 0..<50_000 {
+                    outer.lock()
+                    middle.lock()
+                    middle.lock()
+                    inner.withLock { $0 += 1 }
+                    condition.lock()
+                    spin.lock()
+                    spin.unlock()
+                    condition.unlock()
+                    _ = inner.withLockIfAvailable { $0 += 1 }
+                    middle.unlock()
+                    middle.unlock()
+                    if spin.tryLock() { spin.unlock() }
+                    outer.unlock()
+                    if outer.lock(timeout: .seconds(60)) { outer.unlock() }
+                    synchronized(account) { spin.lock(); spin.unlock() }
+                }
+            }
+            check(inner.withLock { $0 } >= 100_000, "every round ran")
+        }
+    }
+
+    /// Issue 39: a `Lock` taken again by its holder stops with a message
+    /// naming the lock (a debug build looks without the checker).
+    @Test func relockingALockOnItsHolderStopsWithTheLocksName() async {
+        let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+            let lock = Spindle.Lock()
+            lock.name = "cache"
+            lock.lock()
+            lock.lock()
+        }
+        let text = stderrText(result)
+        #expect(text.contains("Lock \"cache\" is already held by the calling thread"), "\(text)")
+    }
+
+    @Test func theCheckerIsOffUnlessAskedFor() {
+        // The test process runs without SPINDLE_LOCK_ORDER=1.
+        #expect(!LockOrder.isEnabled)
+    }
+}
+
+private final class Account: Sendable {}
+private final class AuditLog: Sendable {}
+
+private func stderrText(_ r: ExitTest.Result?) -> String {
+    String(decoding: r?.standardErrorContent ?? [], as: UTF8.self)
+}
+
+/// A failed check inside a child process: stops it with the reason.
+private func check(_ condition: Bool, _ message: String) {
+    if !condition { fatalError(message) }
+}
