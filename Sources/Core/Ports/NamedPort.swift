@@ -131,8 +131,9 @@ public final class NamedPort: @unchecked Sendable {
     /// admits. Its messages reach `handler` once the port is added to a
     /// loop; connections made before wait for that. Never blocks.
     ///
-    /// - Throws: `.nameTaken` if the name is published already; `.system`
-    ///   if the kernel refuses the socket.
+    /// - Throws: `.nameTaken` if the name is published already, with the
+    ///   user and process that hold it when a probe connection can tell;
+    ///   `.system` if the kernel refuses the socket.
     public init(
         name: String, access: Access = .sameUser,
         _ handler: @escaping @Sendable (PortEnvelope) -> PortEnvelope?
