@@ -118,6 +118,28 @@ struct NamedPortTests {
         second.invalidate()
     }
 
+    /// The probe that finds a taken name's owner is no dropped connection
+    /// to that owner: it closed its own end.
+    @Test(arguments: availableBackends)
+    func theOwnerProbeIsNotReportedAsADrop(kind: EventBackendKind) throws {
+        let name = uniqueName("probed")
+        let port = try NamedPort(name: name) { m in PortEnvelope(id: m.id + 1) }
+        let drops = LockedValue<[PortError]>([])
+        port.onDroppedConnection { error in drops.withLock { $0.append(error) } }
+        let owner = try Owner(port, backend: kind)
+        for _ in 0..<20 {
+            #expect(throws: PortError.self) { _ = try NamedPort(name: name) { _ in nil } }
+        }
+        // Accepted in order: once a later connection has had its reply,
+        // every probe was accepted and greeted (or found closed) before it.
+        let remote = try RemotePort.lookup(name)
+        #expect(try remote.sendRequest(PortEnvelope(id: 1), timeout: .seconds(5), replyTimeout: .seconds(30)).id == 2)
+        remote.invalidate()
+        #expect(drops.withLock { $0 } == [])
+        #expect(port.refusedConnections == 0)
+        try owner.finish()
+    }
+
     /// When the probe cannot connect (the owner's backlog is full: it is on
     /// no loop, so it accepts nothing), the name is still reported taken,
     /// with its owner unknown.
