@@ -106,16 +106,72 @@ struct NamedPortTests {
     @Test func aTakenNameThrowsNameTaken() throws {
         let name = uniqueName("taken")
         let first = try NamedPort(name: name) { _ in nil }
-        #expect(throws: PortError.nameTaken(name)) { _ = try NamedPort(name: name) { _ in nil } }
+        // The probe finds the owner: this process, as this user.
+        let owner = PortOwner(uid: UInt32(geteuid()), pid: Int32(getpid()))
+        let taken = #expect(throws: PortError.nameTaken(name, owner: owner)) { _ = try NamedPort(name: name) { _ in nil } }
+        let text = taken.map { "\($0)" } ?? ""
+        #expect(text.contains("\"\(name)\"") && text.contains("user \(getuid())") && text.contains("process \(getpid())"), "\(text)")
+        #expect(!text.contains("network"), "\(text)")
         first.invalidate()
         // Invalidation gives the name back at once.
         let second = try NamedPort(name: name) { _ in nil }
         second.invalidate()
     }
 
+    /// The probe that finds a taken name's owner is no dropped connection
+    /// to that owner: it closed its own end.
+    @Test(arguments: availableBackends)
+    func theOwnerProbeIsNotReportedAsADrop(kind: EventBackendKind) throws {
+        let name = uniqueName("probed")
+        let port = try NamedPort(name: name) { m in PortEnvelope(id: m.id + 1) }
+        let drops = LockedValue<[PortError]>([])
+        port.onDroppedConnection { error in drops.withLock { $0.append(error) } }
+        let owner = try Owner(port, backend: kind)
+        for _ in 0..<20 {
+            #expect(throws: PortError.self) { _ = try NamedPort(name: name) { _ in nil } }
+        }
+        // Accepted in order: once a later connection has had its reply,
+        // every probe was accepted and greeted (or found closed) before it.
+        let remote = try RemotePort.lookup(name)
+        #expect(try remote.sendRequest(PortEnvelope(id: 1), timeout: .seconds(5), replyTimeout: .seconds(30)).id == 2)
+        remote.invalidate()
+        #expect(drops.withLock { $0 } == [])
+        #expect(port.refusedConnections == 0)
+        try owner.finish()
+    }
+
+    /// When the probe cannot connect (the owner's backlog is full: it is on
+    /// no loop, so it accepts nothing), the name is still reported taken,
+    /// with its owner unknown.
+    @Test func aTakenNameWhoseOwnerCannotBeProbedSaysUnknown() throws {
+        let name = uniqueName("taken-full")
+        let first = try NamedPort(name: name) { _ in nil }
+        let address = Array("spindle.\(geteuid()).\(name)".utf8)
+        var queued: [Int32] = []
+        defer {
+            for fd in queued { _ = cshims_port_close(fd) }
+            first.invalidate()
+        }
+        // Fill the backlog (128, or less if net.core.somaxconn says so).
+        while queued.count < 10_000 {
+            let fd = address.withUnsafeBufferPointer { cshims_port_connect($0.baseAddress, $0.count, 0) }
+            if fd < 0 {
+                #expect(-fd == EAGAIN, "connect failed with \(-fd) after \(queued.count) connections")
+                break
+            }
+            queued.append(fd)
+        }
+        let taken = #expect(throws: PortError.nameTaken(name, owner: nil)) { _ = try NamedPort(name: name) { _ in nil } }
+        let text = taken.map { "\($0)" } ?? ""
+        #expect(text.contains("\"\(name)\"") && text.contains("unknown"), "\(text)")
+    }
+
     @Test func anUnknownNameThrowsNameNotFound() {
         let name = uniqueName("nobody-here")
-        #expect(throws: PortError.nameNotFound(name)) { _ = try RemotePort.lookup(name) }
+        let missing = #expect(throws: PortError.nameNotFound(name)) { _ = try RemotePort.lookup(name) }
+        let text = missing.map { "\($0)" } ?? ""
+        #expect(text.contains("\"\(name)\""), "\(text)")
+        #expect(!text.contains("network") && !text.contains("refused") && !text.contains(":"), "\(text)")
     }
 
     /// Invalidating the owner's port: its name is gone (lookups fail) and
@@ -148,7 +204,10 @@ struct NamedPortTests {
         owner.thread.stop()
         try owner.thread.join()
         #expect(!owner.port.isValid)
-        #expect(throws: PortError.nameNotFound(name)) { _ = try RemotePort.lookup(name) }
+        let missing = #expect(throws: PortError.nameNotFound(name)) { _ = try RemotePort.lookup(name) }
+        let text = missing.map { "\($0)" } ?? ""
+        #expect(text.contains("\"\(name)\""), "\(text)")
+        #expect(!text.contains("network") && !text.contains("refused") && !text.contains(":"), "\(text)")
     }
 
     /// A message's `.remotePort` component arrives as a port the receiver

@@ -132,15 +132,32 @@ struct NetworkPortTests {
 
     @Test func nothingListeningAndAnAddressInUseAreSpecificErrors() throws {
         let first = try NetworkPort { _ in nil }
-        #expect(throws: PortError.nameTaken("127.0.0.1:\(first.port)")) {
+        let inUse = #expect(throws: PortError.addressInUse(host: "127.0.0.1", port: first.port)) {
             _ = try NetworkPort(port: first.port) { _ in nil }
         }
+        let inUseText = inUse.map { "\($0)" } ?? ""
+        #expect(inUseText.contains("127.0.0.1:\(first.port)") && inUseText.contains("EADDRINUSE"), "\(inUseText)")
+        #expect(!inUseText.contains("named"), "\(inUseText)")
         let freed = first.port
         first.invalidate()
-        #expect(throws: PortError.nameNotFound("127.0.0.1:\(freed)")) {
+        #expect(throws: PortError.connectionFailed(host: "127.0.0.1", port: freed, code: ECONNREFUSED)) {
             _ = try RemotePort.connect(host: "127.0.0.1", port: freed)
         }
         #expect(throws: PortError.self) { _ = try NetworkPort(host: "not-an-address") { _ in nil } }
+    }
+
+    /// A refused connect names the host, the port and the errno, and says
+    /// nothing of named ports.
+    @Test func aRefusedConnectNamesHostPortAndErrno() throws {
+        // Port 1 (tcpmux) on loopback: nothing listens there on a test machine.
+        let refused = #expect(throws: PortError.self) { _ = try RemotePort.connect(host: "127.0.0.1", port: 1) }
+        guard let refused else { return }
+        #expect(refused == .connectionFailed(host: "127.0.0.1", port: 1, code: ECONNREFUSED))
+        let text = "\(refused)"
+        #expect(text.contains("127.0.0.1:1"), "\(text)")
+        #expect(text.contains("ECONNREFUSED"), "\(text)")
+        #expect(text.contains(String(cString: strerror(ECONNREFUSED))), "\(text)")
+        #expect(!text.contains("named") && !text.contains("publishes"), "\(text)")
     }
 
     /// Ports do not travel between hosts; invalidating the listener ends

@@ -131,8 +131,9 @@ public final class NamedPort: @unchecked Sendable {
     /// admits. Its messages reach `handler` once the port is added to a
     /// loop; connections made before wait for that. Never blocks.
     ///
-    /// - Throws: `.nameTaken` if the name is published already; `.system`
-    ///   if the kernel refuses the socket.
+    /// - Throws: `.nameTaken` if the name is published already, with the
+    ///   user and process that hold it when a probe connection can tell;
+    ///   `.system` if the kernel refuses the socket.
     public init(
         name: String, access: Access = .sameUser,
         _ handler: @escaping @Sendable (PortEnvelope) -> PortEnvelope?
@@ -199,7 +200,9 @@ public final class NamedPort: @unchecked Sendable {
     /// `.malformed` for a message that is truncated or does not add up, or
     /// a kind a listening port never receives (each also counted in
     /// `malformedMessages`); the send's error for a greeting or a reply that
-    /// could not be sent. Not for a peer that closes its end, nor for the
+    /// could not be sent. Not for a peer that closes its end (before its
+    /// greeting too, as the probe of a `NamedPort.init` that finds the
+    /// name taken does), nor for the
     /// port's own invalidation, nor for a refused user (counted in
     /// `refusedConnections`). Handlers run in the order added; add them
     /// Also told, once per run of failures, `.system` for an `accept` that
@@ -320,7 +323,10 @@ public final class NamedPort: @unchecked Sendable {
             do throws(PortError) {
                 try PortSocketCalls.send(fd, PortWire.bare(.welcome), fds: [], before: .now)
             } catch {
-                drop(fd, reason: error)
+                // A peer that left before its greeting (a probe from a
+                // `NamedPort.init` that found the name taken, say) closed
+                // its end: told to nobody.
+                drop(fd, reason: error == .peerGone ? nil : error)
             }
         }
     }
@@ -383,7 +389,7 @@ public final class NamedPort: @unchecked Sendable {
                     try replyRing.send(
                         reply, kind: .reply, sequence: decoded.sequence, on: fd, before: MonotonicClock.now.advanced(by: .seconds(1)))
                 } catch {
-                    drop(fd, reason: error)
+                    drop(fd, reason: error == .peerGone ? nil : error)
                 }
             case .ring:
                 // A sender's ring, mapped by the decode for its later buffers.

@@ -176,7 +176,7 @@ public final class NetworkPort: @unchecked Sendable {
     /// Misuse: a `stallLimit`, `replyBacklogLimit` or
     /// `partialFrameMemoryLimit` of zero or less is a precondition failure.
     ///
-    /// - Throws: `.nameTaken` if the address is in use; `.system` for an
+    /// - Throws: `.addressInUse` if the address is in use; `.system` for an
     ///   address that is not a dotted IPv4 address, or one the kernel
     ///   refuses.
     public init(

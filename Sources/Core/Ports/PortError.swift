@@ -1,3 +1,9 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#endif
+
 /// Why a port could not take a message.
 public enum PortError: Error, Sendable, Hashable, CustomStringConvertible {
     /// The receiver had no room until the send's deadline (a `LocalPort`'s
@@ -17,11 +23,28 @@ public enum PortError: Error, Sendable, Hashable, CustomStringConvertible {
     /// `PortEnvelope.maximumComponentCount`.
     case tooManyComponents(count: Int, limit: Int)
     /// A `NamedPort` of this name is published already (by this process or
-    /// another of the same network namespace).
-    case nameTaken(String)
-    /// No process publishes a port of this name (it never did, or its owner
-    /// invalidated the port or died, which frees the name).
+    /// another of the same network namespace). `owner` is the process that
+    /// holds the name, as the kernel reports it (`SO_PEERCRED`) on a probe
+    /// connection to the name; nil when the probe could not connect (the
+    /// owner's backlog was full, or it let go of the name meanwhile).
+    ///
+    /// The probe is an ordinary connection that closes at once: the owner
+    /// accepts it, or counts it as refused if it does not admit this
+    /// process's user, and sends it nothing else.
+    case nameTaken(String, owner: PortOwner? = nil)
+    /// No process publishes a `NamedPort` of this name (it never did, or its
+    /// owner invalidated the port or died, which frees the name).
     case nameNotFound(String)
+    /// A `NetworkPort` could not listen at `host`:`port`: another socket is
+    /// bound to that address (`EADDRINUSE`).
+    case addressInUse(host: String, port: UInt16)
+    /// TCP could not connect to `host`:`port` (`RemotePort.connect`, or
+    /// its reconnection in a forked child); `code` is the errno: say,
+    /// `ECONNREFUSED` (nothing listens on that port), `ETIMEDOUT` (the
+    /// kernel gave up before the call's own timeout), `EHOSTUNREACH` or
+    /// `ENETUNREACH` (no route to the host). The call's own timeout is
+    /// `.timedOut`.
+    case connectionFailed(host: String, port: UInt16, code: Int32)
     /// The process that publishes the name runs as user `uid`, not the one
     /// expected: someone else took the name, and nothing was sent to it.
     case foreignOwner(name: String, uid: UInt32)
@@ -85,10 +108,16 @@ public enum PortError: Error, Sendable, Hashable, CustomStringConvertible {
             "the message carries \(bytes) bytes, over the limit of \(limit) (PortEnvelope.maximumByteCount)"
         case .tooManyComponents(let count, let limit):
             "the message has \(count) components, over the limit of \(limit) (PortEnvelope.maximumComponentCount)"
-        case .nameTaken(let name):
-            "a port named \"\(name)\" is published already (for a network port: the address is in use)"
+        case .nameTaken(let name, let owner?):
+            "a port named \"\(name)\" is published already, by \(owner)"
+        case .nameTaken(let name, nil):
+            "a port named \"\(name)\" is published already; by whom is unknown (a probe connection to its owner did not connect)"
         case .nameNotFound(let name):
-            "no process publishes a port named \"\(name)\" (for a network port: nothing listens there, the connection was refused)"
+            "no process publishes a port named \"\(name)\""
+        case .addressInUse(let host, let port):
+            "cannot listen at \(host):\(port): the address is in use (EADDRINUSE), another socket is bound to it"
+        case .connectionFailed(let host, let port, let code):
+            "cannot connect to \(host):\(port) over TCP: \(errnoDescription(code))\(Self.connectHint(code))"
         case .foreignOwner(let name, let uid):
             "the port named \"\(name)\" is published by user \(uid), not the expected owner; nothing was sent"
         case .accessDenied(let name):
@@ -116,5 +145,37 @@ public enum PortError: Error, Sendable, Hashable, CustomStringConvertible {
         case .fullQueueOnItsOwnLoop(let capacity):
             "the LocalPort's queue is full (\(capacity) messages) and the send comes from the thread of the loop that receives it, the only thread that makes room: waiting would deadlock, so it is refused; nothing was queued"
         }
+    }
+
+    /// What a TCP connect's errno says about the other end.
+    private static func connectHint(_ code: Int32) -> String {
+        switch code {
+        case ECONNREFUSED: "; nothing listens on that port"
+        case ETIMEDOUT: "; the host did not answer"
+        case EHOSTUNREACH, ENETUNREACH: "; there is no route to the host"
+        case EADDRNOTAVAIL: "; no local address or port was free to connect from"
+        default: ""
+        }
+    }
+}
+
+/// The process that holds a `NamedPort`'s name, as the kernel reports it
+/// (`SO_PEERCRED`): the user and process that made the owner's listening
+/// socket.
+public struct PortOwner: Sendable, Hashable, CustomStringConvertible {
+    /// The owner's effective user id.
+    public let uid: UInt32
+    /// The owner's process id, in this process's PID namespace; nil if the
+    /// owner lives in a PID namespace this process cannot see into.
+    public let pid: Int32?
+
+    /// An owner of user `uid` and process `pid`.
+    public init(uid: UInt32, pid: Int32?) {
+        self.uid = uid
+        self.pid = pid
+    }
+
+    public var description: String {
+        "user \(uid), process \(pid.map(String.init) ?? "unknown (outside this PID namespace)")"
     }
 }

@@ -8,8 +8,11 @@ import Glibc
 /// become `PortError`s: the one place in Ports that reads an errno.
 ///
 /// errno is sorted once: a peer that went away (EPIPE, ECONNRESET,
-/// ENOTCONN) is `.peerGone`; no listener (ECONNREFUSED) is `.nameNotFound`;
-/// what the environment refused (EMFILE, ENOMEM, ENOBUFS...) is `.system`.
+/// ENOTCONN) is `.peerGone`; no listener at a name (ECONNREFUSED) is
+/// `.nameNotFound`, a name in use `.nameTaken` (with its owner, if a probe
+/// can tell); a TCP address in use is `.addressInUse`, and a TCP connect
+/// that fails at the other end `.connectionFailed` with its errno; what the
+/// environment refused (EMFILE, ENOMEM, ENOBUFS...) is `.system`.
 enum PortSocketCalls {
     /// The abstract-namespace name a port named `name` of user `uid` is
     /// published under: `spindle.<uid>.<name>`. The user id keeps users'
@@ -39,8 +42,26 @@ enum PortSocketCalls {
         // accept them; the kernel caps it at net.core.somaxconn.
         let fd = address.withUnsafeBufferPointer { cshims_port_listen($0.baseAddress, $0.count, 128) }
         if fd >= 0 { return fd }
-        if -fd == EADDRINUSE { throw .nameTaken(name) }
+        if -fd == EADDRINUSE { throw .nameTaken(name, owner: owner(of: address)) }
         throw environment("listen", -fd)
+    }
+
+    /// Who holds the abstract name `address`: the credentials the kernel
+    /// reports for a probe connection's peer, the owner's listening socket.
+    /// nil if the probe cannot connect without waiting (the owner's backlog
+    /// is full, or nobody holds the name any more). The probe is closed at
+    /// once; the owner sees a connection that ends without a message.
+    private static func owner(of address: [UInt8]) -> PortOwner? {
+        let fd = address.withUnsafeBufferPointer { cshims_port_connect($0.baseAddress, $0.count, 0) }
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
+        var pid: Int32 = 0
+        var uid: UInt32 = 0
+        var gid: UInt32 = 0
+        guard cshims_port_peer_credentials(fd, &pid, &uid, &gid) == 0 else { return nil }
+        // The kernel reports pid 0 for a process in a PID namespace this
+        // one cannot see.
+        return PortOwner(uid: uid, pid: pid > 0 ? pid : nil)
     }
 
     /// Connects to the name, waiting until `deadline` at most for room in
@@ -175,7 +196,7 @@ enum PortSocketCalls {
         var bound: UInt16 = 0
         let fd = cshims_port_tcp_listen(host, port, 128, &bound)
         if fd >= 0 { return (fd, bound) }
-        if -fd == EADDRINUSE { throw .nameTaken("\(host):\(port)") }
+        if -fd == EADDRINUSE { throw .addressInUse(host: host, port: port) }
         if -fd == EINVAL { throw .system(SystemCallError(call: "inet_pton(\(host))", code: EINVAL)) }
         throw environment("bind", -fd)
     }
@@ -185,10 +206,13 @@ enum PortSocketCalls {
         let fd = cshims_port_tcp_connect(host, port, remainingNanoseconds(until: deadline))
         if fd >= 0 { return fd }
         switch -fd {
-        case ECONNREFUSED: throw .nameNotFound("\(host):\(port)")
-        case ETIMEDOUT: throw .timedOut(after: start.duration(to: .now))
+        // The shim's own wait ran out (it says ETIMEDOUT too): the call's
+        // timeout, not the network's.
+        case ETIMEDOUT where MonotonicClock.now >= deadline: throw .timedOut(after: start.duration(to: .now))
         case EINVAL: throw .system(SystemCallError(call: "inet_pton(\(host))", code: EINVAL))
-        default: throw environment("connect", -fd)
+        // This process or the system ran out of something: not the peer's doing.
+        case EMFILE, ENFILE, ENOBUFS, ENOMEM: throw environment("connect", -fd)
+        default: throw .connectionFailed(host: host, port: port, code: -fd)
         }
     }
 

@@ -222,9 +222,11 @@ public final class RemotePort: @unchecked Sendable {
     /// messages under 12 bytes or over about 32 KB and traps on frames that
     /// arrive together: see `PortWireFormat` for how to send to it.
     ///
-    /// - Throws: `.nameNotFound` if nothing listens there (connection
-    ///   refused); `.timedOut`; `.system` (an address that is not a dotted
-    ///   IPv4 address, a network that says no).
+    /// - Throws: `.connectionFailed` with the errno if TCP cannot connect
+    ///   (`ECONNREFUSED`: nothing listens there; `EHOSTUNREACH`,
+    ///   `ENETUNREACH`, `ETIMEDOUT`...); `.timedOut` if `timeout` passed
+    ///   first; `.system` (an address that is not a dotted IPv4 address, no
+    ///   descriptors or memory left).
     public static func connect(
         host: String, port: UInt16, wireFormat: PortWireFormat = .spindle, timeout: Duration = .seconds(5)
     ) throws(PortError) -> RemotePort {
