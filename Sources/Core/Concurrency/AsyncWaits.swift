@@ -199,3 +199,18 @@ extension ThreadLoop {
         }
     }
 }
+
+extension WorkQueue {
+    /// Runs `body` on the queue as an item (in the queue's order: after the
+    /// items submitted before it, on a serial queue alone) and returns its
+    /// value or throws its error, suspending the calling task, not blocking
+    /// its thread, meanwhile: the async form of `sync(_:)`. Memory: the
+    /// task sees everything `body` wrote. Not cut short by cancellation:
+    /// `body` is on the queue already. A `body` that blocks (a port's send,
+    /// a lookup) blocks a pool worker, not the caller's cooperative thread.
+    public func performReturning<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
+            async { continuation.resume(with: Result { try body() }) }
+        }
+    }
+}

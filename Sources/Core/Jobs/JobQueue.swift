@@ -42,7 +42,7 @@ public final class JobQueue: @unchecked Sendable, CustomStringConvertible {
     private let lock = GuardLock()
     /// Entered when a job is added, left when it finished and its completion
     /// handler ran: what `waitUntilAllJobsAreFinished()` waits on.
-    private let unfinished = WorkGroup()
+    let unfinished = WorkGroup()
 
     // Guarded by `lock`.
     private var ready = ReadyJobs()
