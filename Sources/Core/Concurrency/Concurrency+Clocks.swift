@@ -9,7 +9,7 @@ extension WorkGroup {
     /// Suspends; throws `CancellationError` if the task is cancelled first.
     public func wait<Deadline: MonotonicClockConvertible>(
         until deadline: Deadline
-    ) async throws(CancellationError) -> WorkWaitResult {
+    ) async throws(CancellationError) -> WaitResult {
         try await wait(until: deadline.monotonicInstant)
     }
 }
@@ -20,7 +20,7 @@ extension WorkItem {
     /// Suspends; throws `CancellationError` if the task is cancelled first.
     public func wait<Deadline: MonotonicClockConvertible>(
         until deadline: Deadline
-    ) async throws(CancellationError) -> WorkWaitResult {
+    ) async throws(CancellationError) -> WaitResult {
         try await wait(until: deadline.monotonicInstant)
     }
 }
@@ -41,13 +41,13 @@ extension JobQueue {
     /// `.completed` if the queue emptied, `.timedOut` otherwise.
     public func waitUntilAllJobsAreFinished<Deadline: MonotonicClockConvertible>(
         until deadline: Deadline
-    ) async throws(CancellationError) -> WorkWaitResult {
+    ) async throws(CancellationError) -> WaitResult {
         try await unfinished.wait(until: deadline.monotonicInstant)
     }
 
     /// As the async `waitUntilAllJobsAreFinished()`, giving up after
     /// `timeout`.
-    public func waitUntilAllJobsAreFinished(timeout: Duration) async throws(CancellationError) -> WorkWaitResult {
+    public func waitUntilAllJobsAreFinished(timeout: Duration) async throws(CancellationError) -> WaitResult {
         try await unfinished.wait(timeout: timeout)
     }
 }

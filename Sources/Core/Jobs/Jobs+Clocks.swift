@@ -7,7 +7,7 @@ extension Job {
     /// As `waitUntilFinished(until:)` with a `MonotonicClock` deadline, with
     /// `deadline` on any convertible clock, converted once on entry. Blocks.
     @available(*, noasync, message: "blocks the thread; in async code use `await waitUntilFinished()`")
-    public func waitUntilFinished<Deadline: MonotonicClockConvertible>(until deadline: Deadline) -> WorkWaitResult {
+    public func waitUntilFinished<Deadline: MonotonicClockConvertible>(until deadline: Deadline) -> WaitResult {
         waitUntilFinished(until: deadline.monotonicInstant)
     }
 }
@@ -19,7 +19,7 @@ extension JobQueue {
     @available(*, noasync, message: "blocks the thread; in async code use `await waitUntilAllJobsAreFinished(until:)`")
     public func waitUntilAllJobsAreFinished<Deadline: MonotonicClockConvertible>(
         until deadline: Deadline
-    ) -> WorkWaitResult {
+    ) -> WaitResult {
         waitUntilAllJobsAreFinished(until: deadline.monotonicInstant)
     }
 }

@@ -25,7 +25,7 @@ extension WorkGroup {
     /// on any convertible clock, converted once on entry. Blocks.
     @inlinable
     @available(*, noasync, message: "blocks the thread; in async code use `await wait(until:)`")
-    public func wait<Deadline: MonotonicClockConvertible>(until deadline: Deadline) -> WorkWaitResult {
+    public func wait<Deadline: MonotonicClockConvertible>(until deadline: Deadline) -> WaitResult {
         wait(until: deadline.monotonicInstant)
     }
 }
@@ -35,7 +35,7 @@ extension WorkItem {
     /// on any convertible clock, converted once on entry. Blocks.
     @inlinable
     @available(*, noasync, message: "blocks the thread; in async code use `await wait(until:)`")
-    public func wait<Deadline: MonotonicClockConvertible>(until deadline: Deadline) -> WorkWaitResult {
+    public func wait<Deadline: MonotonicClockConvertible>(until deadline: Deadline) -> WaitResult {
         wait(until: deadline.monotonicInstant)
     }
 }
