@@ -149,6 +149,7 @@ public final class LocalPort: @unchecked Sendable {
     ///   port is or becomes invalid before the message is queued;
     ///   `.timedOut` if the queue stayed full. Nothing is queued when it
     ///   throws.
+    @available(*, noasync, message: "waits for room in the port's queue; in async code run it on a pool worker (`try await WorkQueue.global().performReturning { ... }`)")
     public func send(_ message: PortEnvelope, timeout: Duration) throws(PortError) {
         require(timeout >= .zero, "LocalPort.send: `timeout` is \(timeout); it cannot be negative")
         try send(message, before: MonotonicClock.now.advanced(by: timeout))
@@ -156,6 +157,7 @@ public final class LocalPort: @unchecked Sendable {
 
     /// As `send(_:timeout:)`, waiting for room until `deadline` on the
     /// monotonic clock (`.distantFuture`: as long as it takes).
+    @available(*, noasync, message: "waits for room in the port's queue; in async code run it on a pool worker (`try await WorkQueue.global().performReturning { ... }`)")
     public func send(_ message: PortEnvelope, before deadline: MonotonicClock.Instant) throws(PortError) {
         try message.checkLimits()
         let start = MonotonicClock.now
