@@ -63,10 +63,9 @@ struct WaitResultTests {
         #expect(outcome == .completed)
     }
 
+    @available(*, deprecated)
     @Test func theFormerNameIsTheSameType() {
-        @available(*, deprecated)
-        func formerName() -> WorkWaitResult.Type { WorkWaitResult.self }
-        #expect(formerName() == WaitResult.self)
+        #expect(WorkWaitResult.self == WaitResult.self)
     }
 
     /// Deprecated itself, so that its calls of the deprecated forms do not

@@ -40,14 +40,34 @@ extension ThreadLoop {
         // completion's futex hand-off orders the write before the read.
         nonisolated(unsafe) var outcome: Result<T, E>? = nil
         let ran = withoutActuallyEscaping(body) { escapable in
-            nonisolated(unsafe) let run = escapable
-            return perform(inModes: modes, waitUntilDone: true) {
-                outcome = Result { () throws(E) -> T in try run() }
+            // The loop may still hold the queued block for a moment after
+            // the completion has woken us; `body` must not be reachable from
+            // it then (`withoutActuallyEscaping` checks), so the block
+            // reaches `body` through a slot that is emptied once it ran,
+            // and by us if it never will.
+            let slot = OneShotSlot()
+            slot.run = { outcome = Result { () throws(E) -> T in try escapable() } }
+            let ran = perform(inModes: modes, waitUntilDone: true) {
+                let run = slot.run
+                slot.run = nil
+                run?()
             }
+            slot.run = nil
+            return ran
         }
         guard ran, let outcome else {
             misuse("ThreadLoop.performAndWait: \(self)'s thread has exited; the block could never run")
         }
         return try outcome.get()
     }
+}
+
+/// The closure a `performAndWait` block runs, emptied once it ran (on the
+/// loop's thread) and again by the waiter after its wait.
+private final class OneShotSlot: @unchecked Sendable {
+    // @unchecked: `run` is written by the waiter before the block is queued
+    // (the loop's lock publishes it), by the block on the loop's thread, and
+    // by the waiter after the completion's hand-off (which orders it after
+    // the block); never by two threads at once.
+    var run: (() -> Void)?
 }
