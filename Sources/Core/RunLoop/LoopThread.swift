@@ -71,7 +71,7 @@ public final class LoopThread: Sendable, CustomStringConvertible {
     ///   or `.systemCall` with the kernel's
     ///   refusal of the backend `kind` (the thread has then ended and been
     ///   joined).
-    @available(*, noasync, message: "blocks until the new thread has made its loop; in async code start it on a pool worker (`try await WorkQueue.global().performReturning { try LoopThread.start() }`)")
+    @available(*, noasync, message: "blocks until the new thread has made its loop; in async code use `try await LoopThread.start(...)`")
     public static func start(
         _ attributes: NativeThread.Attributes = NativeThread.Attributes(),
         name: String? = nil,
@@ -159,7 +159,7 @@ public final class LoopThread: Sendable, CustomStringConvertible {
     /// Waits for the thread to end and rethrows what its body threw. Blocks.
     /// Everything the thread did is visible to the caller afterwards. Call
     /// `stop()` first unless the body returns on its own.
-    @available(*, noasync, message: "blocks the thread until the loop thread ends; in async code use `try await thread.join()`")
+    @available(*, noasync, message: "blocks the thread until the loop thread ends; in async code use `try await join()`")
     public func join() throws {
         try thread.join()
     }
