@@ -53,7 +53,7 @@ struct ConditionTests {
             runThreads(waiters) { _ in
                 condition.lock()
                 while state.value == 0 {
-                    if !condition.wait(timeout: .seconds(30)) { state.timeouts += 1 }
+                    if condition.wait(timeout: .seconds(30)) == .timedOut { state.timeouts += 1 }
                 }
                 state.other += 1
                 condition.unlock()
@@ -76,7 +76,7 @@ struct ConditionTests {
         let condition = Condition()
         condition.lock()
         let start = MonotonicClock.now
-        #expect(!condition.wait(timeout: .milliseconds(20)))
+        #expect(condition.wait(timeout: .milliseconds(20)) == .timedOut)
         #expect(start.duration(to: .now) >= .milliseconds(20))
         #expect(condition.lockWordValue != 0, "the lock is held again after a timeout")
         condition.unlock()
@@ -87,9 +87,9 @@ struct ConditionTests {
         let condition = Condition()
         condition.lock()
         let start = MonotonicClock.now
-        #expect(!condition.wait(until: start.advanced(by: .seconds(-1))))
-        #expect(!condition.wait(until: MonotonicClock.Instant(nanoseconds: 0)))
-        #expect(!condition.wait(timeout: .zero))
+        #expect(condition.wait(until: start.advanced(by: .seconds(-1))) == .timedOut)
+        #expect(condition.wait(until: MonotonicClock.Instant(nanoseconds: 0)) == .timedOut)
+        #expect(condition.wait(timeout: .zero) == .timedOut)
         #expect(start.duration(to: .now) < .seconds(1))
         #expect(!condition.tryLock(), "still held by this thread")
         condition.unlock()
@@ -103,7 +103,7 @@ struct ConditionTests {
         let join = startThread {
             condition.lock()
             while state.value == 0 {
-                #expect(condition.wait(until: .distantFuture))
+                #expect(condition.wait(until: .distantFuture) == .completed)
             }
             condition.unlock()
         }
@@ -126,7 +126,7 @@ struct ConditionTests {
         #expect(condition.lockWordValue == 0)
         // A later waiter is not released by those earlier signals.
         condition.lock()
-        #expect(!condition.wait(timeout: .milliseconds(5)))
+        #expect(condition.wait(timeout: .milliseconds(5)) == .timedOut)
         condition.unlock()
     }
 
@@ -179,7 +179,7 @@ struct ConditionTests {
             condition.lock()
             for turn in stride(from: me, to: handOffs, by: 2) {
                 while state.value != turn {
-                    if !condition.wait(timeout: .seconds(30)) { state.timeouts += 1 }
+                    if condition.wait(timeout: .seconds(30)) == .timedOut { state.timeouts += 1 }
                 }
                 state.value += 1
                 condition.signal()
@@ -206,7 +206,7 @@ struct ConditionTests {
 struct ConditionMisuseTests {
     @Test func waitingWithoutTheLock() async {
         let r = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
-            Condition().wait()
+            blocking { Condition().wait() }
         }
         let stderr = String(decoding: r?.standardErrorContent ?? [], as: UTF8.self)
         #expect(stderr.contains("Condition.wait: the condition is not locked"))

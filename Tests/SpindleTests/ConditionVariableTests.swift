@@ -94,7 +94,7 @@ struct ConditionVariableTests {
             runThreads(waiters) { _ in
                 mutex.lock()
                 while !shared.readyToGo {
-                    if !condition.wait(releasing: mutex, timeout: .seconds(30)) { shared.timeouts += 1 }
+                    if condition.wait(releasing: mutex, timeout: .seconds(30)) == .timedOut { shared.timeouts += 1 }
                 }
                 shared.done += 1
                 mutex.unlock()
@@ -121,7 +121,7 @@ struct ConditionVariableTests {
         let join = startThread {
             mutex.lock()
             while !shared.readyToGo {
-                if !condition.wait(releasing: mutex, timeout: .seconds(30)) { shared.timeouts += 1 }
+                if condition.wait(releasing: mutex, timeout: .seconds(30)) == .timedOut { shared.timeouts += 1 }
             }
             shared.done += 1
             mutex.unlock()
@@ -144,7 +144,7 @@ struct ConditionVariableTests {
         let condition = ConditionVariable()
         mutex.lock()
         let start = MonotonicClock.now
-        #expect(!condition.wait(releasing: mutex, timeout: .milliseconds(20)))
+        #expect(condition.wait(releasing: mutex, timeout: .milliseconds(20)) == .timedOut)
         #expect(start.duration(to: .now) >= .milliseconds(20))
         #expect(!mutex.tryLock(), "held again after the timeout")
         mutex.unlock()
@@ -156,8 +156,8 @@ struct ConditionVariableTests {
         let condition = ConditionVariable()
         mutex.lock()
         let start = MonotonicClock.now
-        #expect(!condition.wait(releasing: mutex, until: start.advanced(by: .seconds(-1))))
-        #expect(!condition.wait(releasing: mutex, timeout: .zero))
+        #expect(condition.wait(releasing: mutex, until: start.advanced(by: .seconds(-1))) == .timedOut)
+        #expect(condition.wait(releasing: mutex, timeout: .zero) == .timedOut)
         #expect(start.duration(to: .now) < .seconds(1))
         #expect(!mutex.tryLock())
         mutex.unlock()
@@ -170,7 +170,7 @@ struct ConditionVariableTests {
         let join = startThread {
             mutex.lock()
             while !shared.readyToGo {
-                #expect(condition.wait(releasing: mutex, until: .distantFuture))
+                #expect(condition.wait(releasing: mutex, until: .distantFuture) == .completed)
             }
             mutex.unlock()
         }
@@ -188,7 +188,7 @@ struct ConditionVariableTests {
         condition.broadcast()
         let mutex = Lock()
         mutex.lock()
-        #expect(!condition.wait(releasing: mutex, timeout: .milliseconds(5)))
+        #expect(condition.wait(releasing: mutex, timeout: .milliseconds(5)) == .timedOut)
         mutex.unlock()
     }
 
@@ -202,7 +202,7 @@ struct ConditionVariableTests {
             mutex.lock()
             for turn in stride(from: me, to: handOffs, by: 2) {
                 while shared.count != turn {
-                    if !condition.wait(releasing: mutex, timeout: .seconds(30)) { shared.timeouts += 1 }
+                    if condition.wait(releasing: mutex, timeout: .seconds(30)) == .timedOut { shared.timeouts += 1 }
                 }
                 shared.count += 1
                 condition.signal()
@@ -223,10 +223,10 @@ struct ConditionVariableMisuseTests {
             let first = Lock()
             let second = Lock()
             first.lock()
-            _ = condition.wait(releasing: first, timeout: .milliseconds(1))
+            _ = blocking { condition.wait(releasing: first, timeout: .milliseconds(1)) }
             first.unlock()
             second.lock()
-            _ = condition.wait(releasing: second, timeout: .milliseconds(1))
+            _ = blocking { condition.wait(releasing: second, timeout: .milliseconds(1)) }
         }
         let stderr = String(decoding: r?.standardErrorContent ?? [], as: UTF8.self)
         #expect(stderr.contains("ConditionVariable.wait(releasing:): this variable is already paired with another Lock"))
@@ -234,7 +234,7 @@ struct ConditionVariableMisuseTests {
 
     @Test func waitingWithAnUnlockedLock() async {
         let r = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
-            ConditionVariable().wait(releasing: Lock())
+            blocking { ConditionVariable().wait(releasing: Lock()) }
         }
         let stderr = String(decoding: r?.standardErrorContent ?? [], as: UTF8.self)
         #expect(stderr.contains("ConditionVariable.wait(releasing:): `lock` is not locked"))

@@ -266,7 +266,7 @@ struct DistributedLockTests {
         let r = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
             let lock = DistributedLock(path: "/tmp/spindle-self-wait-\(getpid()).lock")
             guard (try? lock.tryLock()) == true else { exit(0) }
-            _ = try? lock.lock(timeout: .seconds(1))
+            _ = blocking { try? lock.lock(timeout: .seconds(1)) }
         }
         let stderr = String(decoding: r?.standardErrorContent ?? [], as: UTF8.self)
         #expect(stderr.contains("DistributedLock.lock(before:): this object already holds"))

@@ -76,8 +76,8 @@ struct EventSourceClockChangeTests {
         // total is checked.
         let steppedInTime = WallClock.now < start + .milliseconds(3800)
 
-        #expect(oneShot.called.wait(timeout: .milliseconds(1500)), "the one-shot did not fire at once")
-        #expect(repeating.called.wait(timeout: .milliseconds(1500)), "the repeating timer did not fire at once")
+        #expect(oneShot.called.wait(timeout: .milliseconds(1500)) == .completed, "the one-shot did not fire at once")
+        #expect(repeating.called.wait(timeout: .milliseconds(1500)) == .completed, "the repeating timer did not fire at once")
         let shot = oneShot.recorded
         #expect(shot.count == 1 && shot[0].data == 1, "\(shot)")
         #expect(shot.allSatisfy { $0.at >= start + .milliseconds(2500) }, "early: \(shot)")
@@ -106,10 +106,10 @@ struct EventSourceClockChangeTests {
         var restored = false
         defer { if !restored { #expect(stepWallClock(by: .seconds(3)) == 0, "the clock was not set forward again") } }
 
-        #expect(!timer.called.wait(timeout: .milliseconds(1500)), "fired before its wall-clock due time: \(timer.recorded)")
+        #expect(timer.called.wait(timeout: .milliseconds(1500)) == .timedOut, "fired before its wall-clock due time: \(timer.recorded)")
         restored = stepWallClock(by: .seconds(3)) == 0
         try #require(restored, "the clock was not set forward again")
-        #expect(timer.called.wait(timeout: .seconds(1)), "did not fire at once once the clock passed its due time")
+        #expect(timer.called.wait(timeout: .seconds(1)) == .completed, "did not fire at once once the clock passed its due time")
         let calls = timer.recorded
         #expect(calls.count == 1 && calls[0].data == 1 && calls[0].at >= due, "\(calls)")
     }
@@ -158,7 +158,7 @@ private func clockChangeAcrossFork() -> Int32 {
         let rc = stepWallClock(by: .seconds(3))
         if rc == EPERM { _exit(77) }
         guard rc == 0 else { _exit(2) }
-        let fired = mine.called.wait(timeout: .milliseconds(1500))
+        let fired = mine.called.wait(timeout: .milliseconds(1500)) == .completed
         let inTime = fired && MonotonicClock.now < mineAt.advanced(by: .milliseconds(2500))
         var parentDone = pollfd(fd: gate[0], events: Int16(POLLIN), revents: 0)
         _ = poll(&parentDone, 1, 2000)
@@ -168,7 +168,7 @@ private func clockChangeAcrossFork() -> Int32 {
     }
     close(gate[0])
     guard child > 0 else { return 5 }
-    let parentInTime = parent.called.wait(timeout: .seconds(2))
+    let parentInTime = parent.called.wait(timeout: .seconds(2)) == .completed
         && MonotonicClock.now < madeAt.advanced(by: .milliseconds(2500))
     var byte: UInt8 = 1
     _ = write(gate[1], &byte, 1)

@@ -138,9 +138,9 @@ struct EventSourceGuideTests {
         }
         hourly.setCancelHandler { _ in hourlyCancelled.signal() }
         hourly.activate()
-        #expect(fired.wait(timeout: .seconds(10)), "a timer that starts now fires at once")
+        #expect(fired.wait(timeout: .seconds(10)) == .completed, "a timer that starts now fires at once")
         hourly.cancel()
-        #expect(hourlyCancelled.wait(timeout: .seconds(10)))
+        #expect(hourlyCancelled.wait(timeout: .seconds(10)) == .completed)
         #expect(firstData.withLock { $0 } == [1])
 
         let interval = Duration.milliseconds(20)
@@ -161,9 +161,9 @@ struct EventSourceGuideTests {
         }
         ticker.setCancelHandler { _ in cancelled.signal() }
         ticker.activate()
-        #expect(enough.wait(timeout: .seconds(10)), "10 firings of a 20 ms timer")
+        #expect(enough.wait(timeout: .seconds(10)) == .completed, "10 firings of a 20 ms timer")
         ticker.cancel()
-        #expect(cancelled.wait(timeout: .seconds(10)))
+        #expect(cancelled.wait(timeout: .seconds(10)) == .completed)
         var firings: UInt64 = 0
         for call in calls.withLock({ $0 }) {
             #expect(call.data >= 1)
@@ -199,7 +199,7 @@ struct EventSourceGuideTests {
         source.setEventHandler { s in reader.readOnce(s, onTarget: place.isCurrent) }
         source.setCancelHandler { s in reader.finish(s, onTarget: place.isCurrent) }
         source.activate()
-        #expect(reader.closed.wait(timeout: .seconds(10)))
+        #expect(reader.closed.wait(timeout: .seconds(10)) == .completed)
         let outcome = reader.outcome
         #expect(outcome.bytes == content)
         #expect(outcome.estimates == [20_000, 0])
@@ -236,7 +236,7 @@ struct EventSourceGuideTests {
             close(writeEnd)
         }
         join()
-        #expect(reader.closed.wait(timeout: .seconds(10)))
+        #expect(reader.closed.wait(timeout: .seconds(10)) == .completed)
         let outcome = reader.outcome
         #expect(outcome.bytes == content)
         #expect(outcome.estimates.last == 0)
@@ -282,7 +282,7 @@ struct EventSourceGuideTests {
             done.signal()
         }
         source.activate()
-        #expect(done.wait(timeout: .seconds(10)))
+        #expect(done.wait(timeout: .seconds(10)) == .completed)
         let seen = calls.withLock { $0 }
         #expect(seen.count == 1)
         #expect(seen.first.map { $0.data >= 1 && $0.written == payload.count && $0.onTarget } == true)
@@ -385,13 +385,13 @@ struct EventSourceGuideTests {
         source.activate()
 
         #expect(rename(names[0], names[1]) == 0)
-        #expect(reported.wait(timeout: .seconds(10)))
+        #expect(reported.wait(timeout: .seconds(10)) == .completed)
         #expect(rename(names[1], names[2]) == 0)
-        #expect(reported.wait(timeout: .seconds(10)))
+        #expect(reported.wait(timeout: .seconds(10)) == .completed)
         #expect(unlink(names[2]) == 0)
-        #expect(reported.wait(timeout: .seconds(10)))
+        #expect(reported.wait(timeout: .seconds(10)) == .completed)
         source.cancel()
-        #expect(finished.wait(timeout: .seconds(10)))
+        #expect(finished.wait(timeout: .seconds(10)) == .completed)
 
         let seen = reports.withLock { $0 }
         try #require(seen.count == 3, "\(seen)")
@@ -479,10 +479,10 @@ struct EventSourceGuideTests {
             source.activate()
             weakSource = source
             #expect(write(peer, "abc", 3) == 3)
-            #expect(gotData.wait(timeout: .seconds(10)))
+            #expect(gotData.wait(timeout: .seconds(10)) == .completed)
             source.cancel()
         }
-        #expect(finished.wait(timeout: .seconds(10)))
+        #expect(finished.wait(timeout: .seconds(10)) == .completed)
         #expect(eventually { weakSource == nil }, "a cancelled source is freed after its cancel handler")
         sleepBriefly()
         #expect(log.all == ["event 3", "cancel 0"])
@@ -511,7 +511,7 @@ struct EventSourceGuideTests {
         sleepBriefly()
         #expect(calls.withLock { $0 }.isEmpty, "still suspended once")
         adder.resume()
-        #expect(called.wait(timeout: .seconds(10)))
+        #expect(called.wait(timeout: .seconds(10)) == .completed)
         sleepBriefly()
         #expect(calls.withLock { $0 } == [100])
         adder.cancel()
@@ -543,10 +543,10 @@ struct EventSourceGuideTests {
         watcher.suspend()
         for i in 1..<4 { #expect(rename(names[i - 1], names[i]) == 0) }
         #expect(chmod(marker, 0o400) == 0)
-        #expect(markerSeen.wait(timeout: .seconds(10)))
+        #expect(markerSeen.wait(timeout: .seconds(10)) == .completed)
         #expect(renames.withLock { $0 }.isEmpty)
         watcher.resume()
-        #expect(renamed.wait(timeout: .seconds(10)))
+        #expect(renamed.wait(timeout: .seconds(10)) == .completed)
         sleepBriefly()
         let seen = renames.withLock { $0 }
         #expect(seen.count == 1)
@@ -599,9 +599,9 @@ struct EventSourceGuideTests {
                 adder.setTarget(places[step].target)
             }
             #expect(write(peer, "x", 1) == 1)
-            #expect(ran.wait(timeout: .seconds(10)))
+            #expect(ran.wait(timeout: .seconds(10)) == .completed)
             adder.merge(data: UInt64(step + 1))
-            #expect(ran.wait(timeout: .seconds(10)))
+            #expect(ran.wait(timeout: .seconds(10)) == .completed)
         }
         #expect(ranOn.withLock { $0 } == ["read 0", "data 0 1", "read 1", "data 1 2", "read 2", "data 2 3"])
 
@@ -621,11 +621,11 @@ struct EventSourceGuideTests {
             late.merge(data: 10)           // queued behind the blocking item
             late.setTarget(second.target)
             release.signal()
-            #expect(ran.wait(timeout: .seconds(10)))
+            #expect(ran.wait(timeout: .seconds(10)) == .completed)
             // The first call has ended once its queue runs the next item.
             blocked.sync {}
             late.merge(data: 20)
-            #expect(ran.wait(timeout: .seconds(10)))
+            #expect(ran.wait(timeout: .seconds(10)) == .completed)
             #expect(ranOn.withLock { Array($0.suffix(2)) } == ["data 0 10", "data 1 20"])
             late.cancel()
         }
@@ -653,12 +653,12 @@ struct EventSourceGuideTests {
         adder.merge(data: 3)
         adder.activate()
         adder.activate()
-        #expect(ran.wait(timeout: .seconds(10)))
-        #expect(ran.wait(timeout: .seconds(10)))
+        #expect(ran.wait(timeout: .seconds(10)) == .completed)
+        #expect(ran.wait(timeout: .seconds(10)) == .completed)
         adder.suspend()
         adder.resume()
         adder.merge(data: 1)
-        #expect(ran.wait(timeout: .seconds(10)))
+        #expect(ran.wait(timeout: .seconds(10)) == .completed)
         sleepBriefly()
         #expect(log.all == ["registration true", "event 5", "event 1"])
         adder.cancel()
@@ -668,7 +668,7 @@ struct EventSourceGuideTests {
         timer.setRegistrationHandler { _ in timerLog.append("registration") }
         timer.setEventHandler { s in timerLog.append("event \(s.data)"); ran.signal() }
         timer.resume()  // resume of an inactive source activates it
-        #expect(ran.wait(timeout: .seconds(10)))
+        #expect(ran.wait(timeout: .seconds(10)) == .completed)
         sleepBriefly()
         #expect(timerLog.all == ["registration", "event 1"])
         timer.cancel()
@@ -698,7 +698,7 @@ struct EventSourceGuideTests {
             timer.activate()
             weakTimer = timer
         }
-        #expect(finished.wait(timeout: .seconds(10)))
+        #expect(finished.wait(timeout: .seconds(10)) == .completed)
         #expect(firings.withLock { $0 } >= 5)
         #expect(eventually { weakTimer == nil })
 
@@ -724,7 +724,7 @@ struct EventSourceGuideTests {
             usleep(1000)
         }
         close(peer)
-        #expect(finished.wait(timeout: .seconds(10)))
+        #expect(finished.wait(timeout: .seconds(10)) == .completed)
         #expect(received.withLock { $0 } == 1000)
         #expect(eventually { weakReader == nil })
     }
@@ -758,7 +758,7 @@ struct EventSourceGuideTests {
             source.cancel()
             weakSource = source
         }
-        #expect(finished.wait(timeout: .seconds(10)))
+        #expect(finished.wait(timeout: .seconds(10)) == .completed)
         #expect(eventually { weakSource == nil })
         sleepBriefly()
         #expect(log.all == ["cancel 0 on target true"])
@@ -770,7 +770,7 @@ struct EventSourceGuideTests {
             never.setCancelHandler { _ in log.append("never: cancel"); finished.signal() }
             never.merge(data: 1)
             never.cancel()
-            #expect(finished.wait(timeout: .seconds(10)))
+            #expect(finished.wait(timeout: .seconds(10)) == .completed)
             never.activate()  // after cancel: runs nothing, holds nothing
             weakNever = never
         }
@@ -844,7 +844,7 @@ private func sighupReload(_ kind: HandlerPlaceKind) -> Int32 {
     raise(SIGHUP)
     guard eventually({ reloads.withLock { $0.count } == 3 }) else { return 5 }
     source.cancel()
-    guard cancelled.wait(timeout: .seconds(10)) else { return 6 }
+    guard cancelled.wait(timeout: .seconds(10)) == .completed else { return 6 }
     let seen = reloads.withLock { $0 }
     guard seen.handles == [SIGHUP], seen.offTarget == 0 else { return 7 }
     var now = sigaction()
@@ -920,8 +920,8 @@ private func watchParent(_ kind: HandlerPlaceKind, ready: Int32) -> Int32 {
     guard getppid() == parent else { return 22 }  // M waits for `ready`
     var byte: UInt8 = 1
     guard write(ready, &byte, 1) == 1 else { return 23 }
-    guard flagged.wait(timeout: .seconds(10)) else { return 24 }
-    guard cancelled.wait(timeout: .seconds(10)) else { return 25 }
+    guard flagged.wait(timeout: .seconds(10)) == .completed else { return 24 }
+    guard cancelled.wait(timeout: .seconds(10)) == .completed else { return 25 }
     guard exitFlag.withLock({ $0 }) else { return 26 }
     let (data, status, handle) = seen.withLock { $0 }
     guard data == EventSource.ProcessEvents.exit.rawValue, handle == parent else { return 27 }

@@ -58,7 +58,7 @@ final class SignalTally: Sendable {
     /// Cancels and waits for the cancel handler.
     func cancel() -> Bool {
         source.cancel()
-        return cancelled.wait(timeout: .seconds(10))
+        return cancelled.wait(timeout: .seconds(10)) == .completed
     }
 }
 
@@ -292,7 +292,7 @@ struct EventSourceKernelTests {
         source.activate()
 
         func expectNext(_ expected: EventSource.FileEvents, _ what: String, sourceLocation: SourceLocation = #_sourceLocation) {
-            guard called.wait(timeout: .seconds(10)) else {
+            guard called.wait(timeout: .seconds(10)) == .completed else {
                 Issue.record("no event for \(what)", sourceLocation: sourceLocation)
                 return
             }
@@ -316,7 +316,7 @@ struct EventSourceKernelTests {
         #expect(unlink(moved) == 0)
         expectNext([.delete, .attributes, .link], "deletion of the last name")
         source.cancel()
-        #expect(finished.wait(timeout: .seconds(10)))
+        #expect(finished.wait(timeout: .seconds(10)) == .completed)
         #expect(seen.withLock { $0.count } == 8)
     }
 
@@ -350,7 +350,7 @@ struct EventSourceKernelTests {
             _ expected: EventSource.FileEvents, _ what: String, orFirst earlier: EventSource.FileEvents? = nil,
             sourceLocation: SourceLocation = #_sourceLocation
         ) {
-            guard called.wait(timeout: .seconds(10)) else {
+            guard called.wait(timeout: .seconds(10)) == .completed else {
                 Issue.record("no event for \(what)", sourceLocation: sourceLocation)
                 return
             }
@@ -378,7 +378,7 @@ struct EventSourceKernelTests {
         #expect(rmdir(sub) == 0)
         expectNext([.write, .link], "a subdirectory removed")
         source.cancel()
-        #expect(finished.wait(timeout: .seconds(10)))
+        #expect(finished.wait(timeout: .seconds(10)) == .completed)
         #expect((5...6).contains(seen.withLock { $0.count }), "\(seen.withLock { $0 })")
     }
 
@@ -401,7 +401,7 @@ struct EventSourceKernelTests {
         #expect(fchmod(fd, 0o600) == 0)
         #expect(rename(path, moved) == 0)
         #expect(pwrite(fd, [2], 1, 0) == 1)
-        #expect(called.wait(timeout: .seconds(10)))
+        #expect(called.wait(timeout: .seconds(10)) == .completed)
         sleepBriefly()
         #expect(seen.withLock { $0 } == [EventSource.FileEvents.write.rawValue])
         source.cancel()
@@ -503,7 +503,7 @@ struct EventSourceKernelTests {
         queue.sync {}
         #expect(calls.withLock { $0 } == 0)
         for source in sources { source.cancel() }
-        for _ in sources { #expect(finished.wait(timeout: .seconds(10))) }
+        for _ in sources { #expect(finished.wait(timeout: .seconds(10)) == .completed) }
         for source in sources { source.merge(data: 7) }
         queue.sync {}
         sleepBriefly()
@@ -656,7 +656,7 @@ private func cancelAsChildrenExit(rounds: Int, sourcesPerChild: Int) -> Int32 {
         while MonotonicClock.now < spin {}
         for source in sources.reversed() { source.cancel() }
         for _ in 0..<sourcesPerChild {
-            guard finished.wait(timeout: .seconds(10)) else { return 5 }
+            guard finished.wait(timeout: .seconds(10)) == .completed else { return 5 }
         }
         guard cancelled.withLock({ $0 }) == sourcesPerChild else { return 6 }
         var status: Int32 = 0
@@ -700,7 +700,7 @@ private func watchChildren() -> Int32 {
             source.setCancelHandler { _ in finished.signal() }
             source.activate()
             close(gate[1])  // the child may exit now
-            guard called.wait(timeout: .seconds(10)) else { return 7 }
+            guard called.wait(timeout: .seconds(10)) == .completed else { return 7 }
             usleep(20_000)
             let calls = seen.withLock { $0 }
             guard calls.count == 1 else { return 8 }
@@ -715,7 +715,7 @@ private func watchChildren() -> Int32 {
                 guard status & 0x7f == SIGTERM else { return 13 }
             }
             source.cancel()
-            guard finished.wait(timeout: .seconds(10)) else { return 14 }
+            guard finished.wait(timeout: .seconds(10)) == .completed else { return 14 }
         }
     }
     return 0
@@ -760,21 +760,21 @@ private func unmountWhileWatched() -> Int32 {
     // Busy: refused at once, and the source goes on.
     guard let first = watch() else { return 5 }
     guard umount(dir) == -1, errno == EBUSY else { return 6 }
-    guard pwrite(fd, [1, 2, 3], 3, 0) == 3, called.wait(timeout: .seconds(10)) else { return 7 }
+    guard pwrite(fd, [1, 2, 3], 3, 0) == 3, called.wait(timeout: .seconds(10)) == .completed else { return 7 }
     guard seen.withLock({ $0.last })?.contains(.write) == true else { return 8 }
     first.cancel()
-    guard finished.wait(timeout: .seconds(10)) else { return 9 }
+    guard finished.wait(timeout: .seconds(10)) == .completed else { return 9 }
     usleep(20_000)
     guard cancels.withLock({ $0 }) == 1 else { return 10 }
 
     // Lazy: detached at once; nothing is reported while the descriptor is open.
     guard let second = watch() else { return 11 }
     guard umount2(dir, Int32(MNT_DETACH)) == 0 else { return 12 }
-    guard pwrite(fd, [4], 1, 3) == 1, called.wait(timeout: .seconds(10)) else { return 13 }
+    guard pwrite(fd, [4], 1, 3) == 1, called.wait(timeout: .seconds(10)) == .completed else { return 13 }
     usleep(20_000)
     guard !seen.withLock({ $0.contains { $0.contains(.revoke) } }) else { return 14 }
     second.cancel()
-    guard finished.wait(timeout: .seconds(10)) else { return 15 }
+    guard finished.wait(timeout: .seconds(10)) == .completed else { return 15 }
     close(fd)  // the last reference: the detached tmpfs goes now
 
     // The reactor is not stuck: a new watch on another file still works.
@@ -788,9 +788,9 @@ private func unmountWhileWatched() -> Int32 {
     third.setEventHandler { _ in called.signal() }
     third.setCancelHandler { _ in close(other); finished.signal() }
     third.activate()
-    guard pwrite(other, [2], 1, 0) == 1, called.wait(timeout: .seconds(10)) else { return 18 }
+    guard pwrite(other, [2], 1, 0) == 1, called.wait(timeout: .seconds(10)) == .completed else { return 18 }
     third.cancel()
-    guard finished.wait(timeout: .seconds(10)) else { return 19 }
+    guard finished.wait(timeout: .seconds(10)) == .completed else { return 19 }
     let total = cancels.withLock { $0 }
     return total == 2 ? 0 : 20
 }

@@ -20,7 +20,7 @@ struct EventSourceTests {
         }
         source.activate()
         for _ in 0..<10_000 { source.merge(data: 1) }
-        #expect(done.wait(timeout: .seconds(10)))
+        #expect(done.wait(timeout: .seconds(10)) == .completed)
         let (calls, sum) = totals.withLock { $0 }
         #expect(sum == 10_000)
         #expect(calls >= 1 && calls <= 10_000)
@@ -39,7 +39,7 @@ struct EventSourceTests {
         sleepBriefly()
         #expect(seen.withLock { $0 }.isEmpty)
         source.activate()
-        #expect(done.wait(timeout: .seconds(10)))
+        #expect(done.wait(timeout: .seconds(10)) == .completed)
         #expect(seen.withLock { $0 } == [5])
         source.cancel()
     }
@@ -60,13 +60,13 @@ struct EventSourceTests {
         source.setCancelHandler { _ in log.withLock { $0.append("cancel") }; cancelled.signal() }
         source.activate()
         source.merge(data: 1)
-        #expect(entered.wait(timeout: .seconds(10)))
+        #expect(entered.wait(timeout: .seconds(10)) == .completed)
         source.merge(data: 1)   // held for a second call, which cancel drops
         source.cancel()
         source.cancel()
         #expect(source.isCancelled)
         release.signal()
-        #expect(cancelled.wait(timeout: .seconds(10)))
+        #expect(cancelled.wait(timeout: .seconds(10)) == .completed)
         source.merge(data: 1)   // ignored
         sleepBriefly()
         #expect(log.withLock { $0 } == ["event", "event-end", "cancel"])
@@ -117,7 +117,7 @@ struct EventSourceTests {
             timer.activate()
             sources.append(timer)
         }
-        for _ in 0..<200 { #expect(fired.wait(timeout: .seconds(10))) }
+        for _ in 0..<200 { #expect(fired.wait(timeout: .seconds(10)) == .completed) }
         sleepBriefly()
         #expect(!fired.tryWait(), "a one-shot timer fired twice")
         #expect(early.withLock { $0 } == 0)
@@ -137,7 +137,7 @@ struct EventSourceTests {
             if n == 5 { s.cancel(); done.signal() }
         }
         timer.activate()
-        #expect(done.wait(timeout: .seconds(10)))
+        #expect(done.wait(timeout: .seconds(10)) == .completed)
         var total: UInt64 = 0
         for (at, data) in firings.withLock({ $0 }) {
             total += data
@@ -197,13 +197,13 @@ struct EventSourceTests {
         source.activate()
         let bytes: [UInt8] = Array(repeating: 7, count: 100)
         #expect(write(fds[1], bytes, 100) == 100)
-        #expect(got.wait(timeout: .seconds(10)))
+        #expect(got.wait(timeout: .seconds(10)) == .completed)
         close(fds[1])
-        #expect(got.wait(timeout: .seconds(10)))
+        #expect(got.wait(timeout: .seconds(10)) == .completed)
         sleepBriefly()
         #expect(seen.withLock { $0 } == [100, 0])
         source.cancel()
-        #expect(closed.wait(timeout: .seconds(10)))
+        #expect(closed.wait(timeout: .seconds(10)) == .completed)
     }
 
     @Test func regularFileAtEndFiresOnceThenGoesQuiet() throws {
@@ -240,7 +240,7 @@ struct EventSourceTests {
         let (r, w) = (fds[0], fds[1])
         source.setCancelHandler { _ in close(r); close(w); got.signal() }
         source.activate()
-        #expect(got.wait(timeout: .seconds(10)))
+        #expect(got.wait(timeout: .seconds(10)) == .completed)
         #expect(space.withLock { $0 } == 65536)
     }
 
@@ -280,7 +280,7 @@ struct EventSourceTests {
                 readFired.wait()
             }
         }
-        for _ in 0..<blockers { #expect(started.wait(timeout: .seconds(10))) }
+        for _ in 0..<blockers { #expect(started.wait(timeout: .seconds(10)) == .completed) }
         #expect(write(fds[1], "x", 1) == 1)
         #expect(finished.wait(timeout: .seconds(10)) == .completed, "items waiting for queue sources' handlers never finished")
         timer.cancel()
@@ -328,7 +328,7 @@ struct EventSourceTests {
         #expect(eventually { spinning.withLock { $0.nanoseconds } != 0 }, "A's handler never started")
         usleep(50_000)  // the pool settles: A's worker computes, the others park
         #expect(write(fds[3], "b", 1) == 1)
-        #expect(aFinished.wait(timeout: .seconds(10)))
+        #expect(aFinished.wait(timeout: .seconds(10)) == .completed)
         let latency = try #require(bLatency.withLock { $0 }, "B's handler never ran")
         #expect(latency < .seconds(4), "B's handler waited \(latency) for A's handler to stop computing")
         a.cancel()
@@ -347,11 +347,11 @@ struct EventSourceTests {
         }
         source.activate()
         source.merge(data: 3)
-        #expect(done.wait(timeout: .seconds(10)))
+        #expect(done.wait(timeout: .seconds(10)) == .completed)
         let timer = EventSource.timer(interval: nil, on: .loop(thread.loop))
         timer.setEventHandler { s in onLoop.withLock { $0.append(thread.loop.isCurrent && s.data == 1) }; done.signal() }
         timer.activate()
-        #expect(done.wait(timeout: .seconds(10)))
+        #expect(done.wait(timeout: .seconds(10)) == .completed)
         #expect(onLoop.withLock { $0 } == [true, true])
         source.cancel()
         timer.cancel()

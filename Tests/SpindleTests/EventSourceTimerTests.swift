@@ -77,8 +77,8 @@ struct EventSourceTimerTests {
         let firings = timer.timerFirings
         let resumedAt = MonotonicClock.now
         release(timer)
-        #expect(called.wait(timeout: .seconds(10)), "no call after \(what) resumed")
-        #expect(called.wait(timeout: .seconds(10)), "the timer was not re-armed after its call")
+        #expect(called.wait(timeout: .seconds(10)) == .completed, "no call after \(what) resumed")
+        #expect(called.wait(timeout: .seconds(10)) == .completed, "the timer was not re-armed after its call")
         timer.cancel()
         let first = calls.withLock { $0.first }
         #expect(firings != nil && firings! <= 2, "fired \(String(describing: firings)) times while \(what) was suspended")
@@ -104,7 +104,7 @@ struct EventSourceTimerTests {
             if calls.withLock({ $0.append(s.data); return $0.count }) == 10 { done.signal() }
         }
         timer.activate()
-        #expect(done.wait(timeout: .seconds(10)))
+        #expect(done.wait(timeout: .seconds(10)) == .completed)
         timer.cancel()
         let firings = timer.timerFirings ?? .max
         let seen = calls.withLock { $0 }
@@ -126,7 +126,7 @@ struct EventSourceTimerTests {
         let done = Semaphore(value: 0)
         timer.setEventHandler { _ in if calls.withLock({ $0 += 1; return $0 }) == 5 { done.signal() } }
         timer.activate()
-        #expect(done.wait(timeout: .seconds(10)), "\(calls.withLock { $0 }) calls of a 1 ms timer with leeway \(leeway)")
+        #expect(done.wait(timeout: .seconds(10)) == .completed, "\(calls.withLock { $0 }) calls of a 1 ms timer with leeway \(leeway)")
         timer.cancel()
     }
 
@@ -147,7 +147,7 @@ struct EventSourceTimerTests {
         let repeating = EventSource.timer(start: .wall(start), interval: interval, on: place.target)
         repeating.setEventHandler { s in seen.withLock { $0.append(s.data) }; called.signal() }
         repeating.activate()
-        #expect(called.wait(timeout: .seconds(10)))
+        #expect(called.wait(timeout: .seconds(10)) == .completed)
         let after = WallClock.now
         repeating.cancel()
         let hours = { (at: WallClock.Instant) in UInt64(start.duration(to: at).components.seconds / 3600 + 1) }
@@ -157,7 +157,7 @@ struct EventSourceTimerTests {
         let once = EventSource.timer(start: .wall(start), interval: nil, on: place.target)
         once.setEventHandler { s in seen.withLock { $0.append(s.data) }; called.signal() }
         once.activate()
-        #expect(called.wait(timeout: .seconds(10)))
+        #expect(called.wait(timeout: .seconds(10)) == .completed)
         once.cancel()
         #expect(seen.withLock { $0.count == 2 && $0[1] == 1 })
     }
@@ -176,7 +176,7 @@ struct EventSourceTimerTests {
         let repeating = EventSource.timer(start: .monotonic(start), interval: .seconds(1), on: place.target)
         repeating.setEventHandler { s in seen.withLock { $0.append(s.data) }; called.signal() }
         repeating.activate()
-        #expect(called.wait(timeout: .seconds(10)))
+        #expect(called.wait(timeout: .seconds(10)) == .completed)
         let after = MonotonicClock.now
         repeating.cancel()
         // Seconds from `start` to `at`, past `Int64.max` nanoseconds: in Int128.
@@ -189,7 +189,7 @@ struct EventSourceTimerTests {
         let once = EventSource.timer(start: .monotonic(start), interval: nil, on: place.target)
         once.setEventHandler { s in seen.withLock { $0.append(s.data) }; called.signal() }
         once.activate()
-        #expect(called.wait(timeout: .seconds(10)))
+        #expect(called.wait(timeout: .seconds(10)) == .completed)
         once.cancel()
         #expect(seen.withLock { $0.count == 2 && $0[1] == 1 })
     }

@@ -82,7 +82,7 @@ struct ExecutorTests {
     }
 
     @Test func actorOnALoopThreadRunsEveryJobOnTheLoop() async throws {
-        let thread = try LoopThread.start()
+        let thread = try await LoopThread.start()
         let counter = LoopBoundCounter(loop: thread.loop)
         await withTaskGroup(of: Void.self) { group in
             for _ in 0..<4 {
@@ -92,7 +92,7 @@ struct ExecutorTests {
         #expect(await counter.count == 2_000)
         #expect(await counter.offLoop == 0)
         thread.stop()
-        try thread.join()
+        try await thread.join()
     }
 
     @Test func taskExecutorPreferenceRunsOnThePool() async {
@@ -153,7 +153,7 @@ struct ExecutorTests {
     }
 
     @Test func performReturningRunsOnTheLoopAndReturnsItsValue() async throws {
-        let thread = try LoopThread.start()
+        let thread = try await LoopThread.start()
         let loop = thread.loop
         #expect(try await loop.performReturning { loop.isCurrent ? 7 : 0 } == 7)
         struct Oops: Error {}

@@ -158,7 +158,7 @@ struct FoundationNSLockPortTests {
         threadCompletedCondition.lock()
         var isTimedOut = false
         while !isTimedOut && completed.value < threadCount {
-            isTimedOut = !threadCompletedCondition.wait(until: endTime)
+            isTimedOut = threadCompletedCondition.wait(until: endTime) == .timedOut
         }
         countdownValueLock.lock()
         let resultCountdownValue = countdownValue.value
@@ -216,7 +216,7 @@ struct FoundationThreadPortTests {
         // thread made without attributes gets the platform's defaults.
         #expect(thread.attributes.priority == nil)
         try thread.start()
-        let ok = condition.wait(until: WallClock.now + .seconds(2))
+        let ok = condition.wait(until: WallClock.now + .seconds(2)) == .completed
         condition.unlock()
         #expect(ok, "Condition wait timed out")
         try thread.join()
@@ -262,7 +262,7 @@ struct FoundationThreadPortTests {
             condition.unlock()
         }
         try thread.start()
-        let ok = condition.wait(until: WallClock.now + .seconds(10))
+        let ok = condition.wait(until: WallClock.now + .seconds(10)) == .completed
         condition.unlock()
         #expect(ok, "Condition wait timed out")
         try thread.join()

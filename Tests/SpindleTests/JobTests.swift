@@ -186,11 +186,11 @@ struct JobTests {
         let met = LockedValue(0)
         let job = ClosureJob(name: "pair") {
             _ = a.signal()
-            if b.wait(timeout: .seconds(20)) { met.withLock { $0 += 1 } }
+            if b.wait(timeout: .seconds(20)) == .completed { met.withLock { $0 += 1 } }
         }
         job.addClosure {
             _ = b.signal()
-            if a.wait(timeout: .seconds(20)) { met.withLock { $0 += 1 } }
+            if a.wait(timeout: .seconds(20)) == .completed { met.withLock { $0 += 1 } }
         }
         #expect(job.closureCount == 2)
         job.start()

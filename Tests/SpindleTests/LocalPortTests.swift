@@ -442,8 +442,8 @@ struct LocalPortTests {
     @Test func addingThePortToASecondLoopIsMisuse() async {
         let r = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
             let port = LocalPort { _ in }
-            let a = try LoopThread.start()
-            let b = try LoopThread.start()
+            let a = try blocking { try LoopThread.start() }
+            let b = try blocking { try LoopThread.start() }
             a.loop.add(port)
             b.loop.add(port)
         }

@@ -86,7 +86,7 @@ struct LockNameTests {
         let r = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
             let condition = Condition()
             condition.name = "mailbox"
-            _ = condition.wait(timeout: .seconds(1))
+            _ = blocking { condition.wait(timeout: .seconds(1)) }
         }
         #expect(errorText(r).contains("Condition \"mailbox\".wait: the condition is not locked"))
     }

@@ -72,7 +72,7 @@ struct LoopThreadTests {
 
     @Test func aDetachedLoopThreadIsRefused() async {
         let r = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
-            _ = try? LoopThread.start(NativeThread.Attributes(isDetached: true))
+            _ = blocking { try? LoopThread.start(NativeThread.Attributes(isDetached: true)) }
         }
         let message = String(decoding: r?.standardErrorContent ?? [], as: UTF8.self)
         #expect(message.contains("LoopThread.start: `attributes.isDetached` is true"))

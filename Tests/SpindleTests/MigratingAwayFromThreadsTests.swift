@@ -125,11 +125,11 @@ struct MigratingAwayFromThreadsTests {
         let met = OrderLog()
         shared.async(group: group) {
             _ = first.signal()
-            if second.wait(timeout: .seconds(30)) { met.append(1) }
+            if second.wait(timeout: .seconds(30)) == .completed { met.append(1) }
         }
         shared.async(group: group) {
             _ = second.signal()
-            if first.wait(timeout: .seconds(30)) { met.append(2) }
+            if first.wait(timeout: .seconds(30)) == .completed { met.append(2) }
         }
         #expect(group.wait(timeout: .seconds(60)) == .completed)
         #expect(hits.eachExactlyOnce)
@@ -149,7 +149,7 @@ struct MigratingAwayFromThreadsTests {
         let gate = Semaphore(value: 0)
         let gateOpened = LockedValue(false)
         resourceQueue.async {
-            let opened = gate.wait(timeout: .seconds(30))
+            let opened = gate.wait(timeout: .seconds(30)) == .completed
             gateOpened.withLock { $0 = opened }
         }
         for i in 0..<1000 {
@@ -337,7 +337,7 @@ struct MigratingAwayFromThreadsTests {
         let group = WorkGroup()
         for _ in 0..<100 {
             WorkQueue.global().async(group: group) {
-                guard descriptors.wait(timeout: .seconds(30)) else {
+                guard descriptors.wait(timeout: .seconds(30)) == .completed else {
                     failures.withLock { $0 += 1 }
                     return
                 }

@@ -525,7 +525,7 @@ struct NamedPortTests {
         let empty = String(decoding: r?.standardErrorContent ?? [], as: UTF8.self)
         #expect(empty.contains("NamedPort.init: the port name is empty"))
         let long = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
-            _ = try? RemotePort.lookup(String(repeating: "x", count: 200))
+            _ = blocking { try? RemotePort.lookup(String(repeating: "x", count: 200)) }
         }
         let message = String(decoding: long?.standardErrorContent ?? [], as: UTF8.self)
         #expect(message.contains("RemotePort.lookup: the port name is 200 bytes"))

@@ -636,7 +636,7 @@ struct NativeThreadMisuseTests {
             handle.value = thread
             try! thread.start()
             ready.countDown()
-            NativeThread.sleep(for: .seconds(30))
+            blocking { NativeThread.sleep(for: .seconds(30)) }
         }
         #expect(Self.stderr(result).contains("is trying to join itself"))
     }

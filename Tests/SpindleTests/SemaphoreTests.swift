@@ -12,10 +12,10 @@ struct SemaphoreTests {
         let semaphore = Semaphore(value: 2)
         #expect(semaphore.value == 2)
         semaphore.wait()
-        #expect(semaphore.wait(timeout: .zero))
+        #expect(semaphore.wait(timeout: .zero) == .completed)
         #expect(semaphore.value == 0)
         #expect(!semaphore.tryWait())
-        #expect(!semaphore.wait(timeout: .zero))
+        #expect(semaphore.wait(timeout: .zero) == .timedOut)
         #expect(semaphore.value == 0, "a timed-out wait gives its place back")
         #expect(semaphore.signal() == false, "nobody was waiting")
         #expect(semaphore.tryWait())
@@ -38,7 +38,7 @@ struct SemaphoreTests {
     @Test func timeoutIsHonoured() {
         let semaphore = Semaphore(value: 0)
         let start = MonotonicClock.now
-        #expect(!semaphore.wait(timeout: .milliseconds(20)))
+        #expect(semaphore.wait(timeout: .milliseconds(20)) == .timedOut)
         #expect(start.duration(to: .now) >= .milliseconds(20))
         #expect(semaphore.value == 0, "the timed-out waiter left the line")
     }
@@ -46,17 +46,17 @@ struct SemaphoreTests {
     @Test func deadlineInThePastReturnsAtOnce() {
         let semaphore = Semaphore(value: 0)
         let start = MonotonicClock.now
-        #expect(!semaphore.wait(until: start.advanced(by: .seconds(-1))))
-        #expect(!semaphore.wait(until: MonotonicClock.Instant(nanoseconds: 0)))
+        #expect(semaphore.wait(until: start.advanced(by: .seconds(-1))) == .timedOut)
+        #expect(semaphore.wait(until: MonotonicClock.Instant(nanoseconds: 0)) == .timedOut)
         #expect(start.duration(to: .now) < .seconds(1))
         #expect(semaphore.value == 0)
         semaphore.signal()
-        #expect(semaphore.wait(until: start.advanced(by: .seconds(-1))), "a resource is available")
+        #expect(semaphore.wait(until: start.advanced(by: .seconds(-1))) == .completed, "a resource is available")
     }
 
     @Test func distantFutureWaitsUntilSignalled() {
         let semaphore = Semaphore(value: 0)
-        let join = startThread { #expect(semaphore.wait(until: .distantFuture)) }
+        let join = startThread { #expect(semaphore.wait(until: .distantFuture) == .completed) }
         usleep(10_000)
         semaphore.signal()
         join()
@@ -97,7 +97,7 @@ struct SemaphoreTests {
                 for _ in 0..<rounds {
                     // Odd threads use tiny deadlines and give up often.
                     let timeout: Duration = i % 2 == 0 ? .seconds(30) : .microseconds(50)
-                    if semaphore.wait(timeout: timeout) { counts.withLock { $0.successfulWaits += 1 } }
+                    if semaphore.wait(timeout: timeout) == .completed { counts.withLock { $0.successfulWaits += 1 } }
                 }
                 counts.withLock { $0.threadsFinished += 1 }
             }
@@ -127,7 +127,7 @@ struct SemaphoreTests {
             let (mine, theirs) = me == 0 ? (ping, pong) : (pong, ping)
             if me == 0 { theirs.signal() }
             for _ in 0..<(handOffs / 2) {
-                if !mine.wait(timeout: .seconds(30)) { timeouts.withLock { $0 += 1 } }
+                if mine.wait(timeout: .seconds(30)) == .timedOut { timeouts.withLock { $0 += 1 } }
                 theirs.signal()
             }
         }

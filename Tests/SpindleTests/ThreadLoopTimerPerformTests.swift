@@ -262,7 +262,7 @@ struct ThreadLoopMisuseTests {
             let b = SharedPointer(box)
             let join = startThread { b.pointer.pointee = ThreadLoop.current }
             join()
-            box.pointee!.run(mode: .default, timeout: .zero)
+            blocking { box.pointee!.run(mode: .default, timeout: .zero) }
         }
         #expect(stderr(r).contains("ThreadLoop.run: called on thread"))
         #expect(stderr(r).contains("only its own thread runs a loop"))

@@ -69,7 +69,7 @@ private func forkAfterThePoolHasStarted() -> Int32 {
     for _ in 0..<16 { serial.async(group: warm) {} }
     let delayed = Semaphore(value: 0)
     WorkQueue.global().async(after: .milliseconds(1)) { _ = delayed.signal() }
-    guard warm.wait(timeout: .seconds(30)) == .completed, delayed.wait(timeout: .seconds(30)) else { return 100 }
+    guard warm.wait(timeout: .seconds(30)) == .completed, delayed.wait(timeout: .seconds(30)) == .completed else { return 100 }
     guard WorkQueue.workerThreadCount(for: .default) > 0 else { return 101 }
 
     let child = fork()
@@ -100,7 +100,7 @@ private func childUsesTheQueues(_ serial: WorkQueue) -> Int32 {
     // A global async.
     let ran = Semaphore(value: 0)
     WorkQueue.global().async { _ = ran.signal() }
-    guard ran.wait(timeout: .seconds(20)) else { return 11 }
+    guard ran.wait(timeout: .seconds(20)) == .completed else { return 11 }
 
     // The parent's serial queue: a sync queued behind 100 items, the first
     // of which waits for a global item, returns after all of them.
@@ -120,7 +120,7 @@ private func childUsesTheQueues(_ serial: WorkQueue) -> Int32 {
         if MonotonicClock.now < deadline { early.withLock { $0 = true } }
         _ = fired.signal()
     }
-    guard fired.wait(timeout: .seconds(20)) else { return 13 }
+    guard fired.wait(timeout: .seconds(20)) == .completed else { return 13 }
     guard !early.withLock({ $0 }) else { return 14 }
 
     // A group of items on the global queue, waited for at once.
@@ -174,7 +174,7 @@ private func forkWhileDrainsAreInFlight() -> Int32 {
             _ = release.wait(timeout: .seconds(60))
         }
     }
-    for _ in 0..<3 { guard entered.wait(timeout: .seconds(30)) else { return 100 } }
+    for _ in 0..<3 { guard entered.wait(timeout: .seconds(30)) == .completed else { return 100 } }
     for i in 0..<10 { serial.async { serialLog.append(i) } }
     // Its drain is an item of `serial`, queued behind the ten.
     for i in 0..<10 { chained.async { chainedLog.append(i) } }
@@ -241,7 +241,7 @@ private func forkFromInsideItems() -> Int32 {
         _ = entered.signal()
         _ = release.wait(timeout: .seconds(60))
     }
-    guard entered.wait(timeout: .seconds(30)) else { return 100 }
+    guard entered.wait(timeout: .seconds(30)) == .completed else { return 100 }
     let log = OrderLog()
     var child: pid_t = -1
     concurrent.sync {
@@ -307,6 +307,6 @@ private func forkWhileOtherThreadsSubmit() -> Int32 {
         failure = childResult(child, failure: 101)
     }
     stop.withLock { $0 = true }
-    for _ in 0..<2 { guard done.wait(timeout: .seconds(30)) else { return 102 } }
+    for _ in 0..<2 { guard done.wait(timeout: .seconds(30)) == .completed else { return 102 } }
     return failure
 }

@@ -159,7 +159,7 @@ private func checkAnItemSubmittedByAComputingItemStartsOnAnotherWorker() -> Int3
         if started.spinUntilSet() { result.set() }
         _ = done.signal()
     }
-    guard done.wait(timeout: .seconds(30)) else { return 2 }
+    guard done.wait(timeout: .seconds(30)) == .completed else { return 2 }
     return result.value == 1 ? 0 : 1
 }
 
@@ -194,7 +194,7 @@ private func checkAnItemWaitingForItsHelperThroughAPipeCompletes() -> Int32 {
         if read(readEnd, &byte, 1) == 1 && byte == 7 { got.set() }
         _ = done.signal()
     }
-    guard done.wait(timeout: .seconds(30)) else { return 2 }
+    guard done.wait(timeout: .seconds(30)) == .completed else { return 2 }
     return got.value == 1 ? 0 : 1
 }
 
@@ -283,8 +283,8 @@ private func checkWorkersBlockedInReadDoNotStarveThePool() -> Int32 {
     let fired = Semaphore(value: 0)
     timer.setEventHandler { _ in _ = fired.signal() }
     timer.activate()
-    let itemOK = itemRan.wait(timeout: .seconds(10))
-    let timerOK = fired.wait(timeout: .seconds(10))
+    let itemOK = itemRan.wait(timeout: .seconds(10)) == .completed
+    let timerOK = fired.wait(timeout: .seconds(10)) == .completed
     timer.cancel()
     let threads = WorkQueue.workerThreadCount(for: .default)
     for (_, writeEnd) in pipes {
@@ -337,6 +337,6 @@ private func checkAnItemAtTheEndOfALongChainStillStartsWhileItsSubmitterComputes
         _ = done.signal()
     }
     WorkQueue.global().async { link(100_000) }
-    guard done.wait(timeout: .seconds(30)) else { return 2 }
+    guard done.wait(timeout: .seconds(30)) == .completed else { return 2 }
     return result.value == 1 ? 0 : 1
 }

@@ -101,12 +101,12 @@ struct WorkerPoolTests {
             for s in semaphores { WorkQueue.global().async(group: group) { s.wait() } }
             for s in semaphores { WorkQueue.global().async(group: group) { _ = s.signal() } }
             try! await group.wait()  // never cancelled
-            NativeThread.sleep(for: .seconds(3))
+            blocking { NativeThread.sleep(for: .seconds(3)) }
             var usage = rusage()
             getrusage(__rusage_who_t(RUSAGE_SELF.rawValue), &usage)
             let processBefore = Int(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1_000_000 + Int(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec)
             let before = spindleThreadsCPUNanoseconds()
-            NativeThread.sleep(for: .seconds(1))
+            blocking { NativeThread.sleep(for: .seconds(1)) }
             let after = spindleThreadsCPUNanoseconds()
             getrusage(__rusage_who_t(RUSAGE_SELF.rawValue), &usage)
             let processAfter = Int(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) * 1_000_000 + Int(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec)
@@ -132,9 +132,9 @@ struct WorkerPoolTests {
             try! await group.wait()  // never cancelled
             // The last searcher's spin ends within microseconds; leave it
             // time to park.
-            NativeThread.sleep(for: .milliseconds(200))
+            blocking { NativeThread.sleep(for: .milliseconds(200)) }
             let before = poolWorkerSwitches()
-            NativeThread.sleep(for: .milliseconds(2_500))
+            blocking { NativeThread.sleep(for: .milliseconds(2_500)) }
             let after = poolWorkerSwitches()
             writeToStandardError("SWITCHES: \(after.threads) pool workers (width \(WorkQueue.poolWidth)) switched \(after.switches - before.switches) times in 2.5 s idle\n")
             guard before.switches >= 0, after.threads > 0, after.threads <= WorkQueue.poolWidth else { exit(2) }
@@ -156,12 +156,12 @@ struct WorkerPoolTests {
             for million in 1...10 {
                 for _ in 0..<100 {
                     for _ in 0..<10_000 { queue.async { counter.value += 1 } }
-                    queue.sync {}
+                    blocking { queue.sync {} }
                 }
                 if million == 1 { first = residentBytes() }
             }
             let last = residentBytes()
-            let ran = queue.sync { counter.value }
+            let ran = blocking { queue.sync { counter.value } }
             writeToStandardError("MEMORY: resident after 1st million \(first) B, after 10th \(last) B, growth \(last - first) B; ran \(ran)\n")
             exit(ran == 10_000_000 && first > 0 && last - first < 4 << 20 ? 0 : 1)
         }

@@ -50,7 +50,7 @@ struct ConditionStressTests {
             condition.lock()
             for turn in stride(from: me, to: handOffs, by: 2) {
                 while turns.turn != turn {
-                    if !condition.wait(timeout: patience) { turns.timeouts += 1 }
+                    if condition.wait(timeout: patience) == .timedOut { turns.timeouts += 1 }
                 }
                 turns.turn += 1
                 condition.signal()
@@ -73,7 +73,7 @@ struct ConditionStressTests {
             mutex.lock()
             for turn in stride(from: me, to: handOffs, by: 2) {
                 while turns.turn != turn {
-                    if !condition.wait(releasing: mutex, timeout: patience) { turns.timeouts += 1 }
+                    if condition.wait(releasing: mutex, timeout: patience) == .timedOut { turns.timeouts += 1 }
                 }
                 turns.turn += 1
                 condition.signal()
@@ -96,7 +96,7 @@ struct ConditionStressTests {
         let handOffs = stressSize(ci: 100_000, full: 1_000_000)
         runThreads(2) { me in
             for _ in 0..<(handOffs / 2) {
-                if !semaphores[me].wait(timeout: patience) {
+                if semaphores[me].wait(timeout: patience) == .timedOut {
                     failures.record()
                     return
                 }
@@ -145,7 +145,7 @@ struct ConditionStressTests {
             mutex.lock()
             for turn in stride(from: me, to: handOffs, by: threads) {
                 while turns.turn != turn {
-                    if !variables[me].wait(releasing: mutex, timeout: patience) { turns.timeouts += 1 }
+                    if variables[me].wait(releasing: mutex, timeout: patience) == .timedOut { turns.timeouts += 1 }
                 }
                 turns.turn += 1
                 variables[(me + 1) % threads].signal()
@@ -171,7 +171,7 @@ struct ConditionStressTests {
             condition.lock()
             for turn in stride(from: me, to: handOffs, by: threads) {
                 while turns.turn != turn {
-                    if !condition.wait(timeout: patience) { turns.timeouts += 1 }
+                    if condition.wait(timeout: patience) == .timedOut { turns.timeouts += 1 }
                 }
                 turns.turn += 1
                 condition.broadcast()
@@ -260,7 +260,7 @@ struct ConditionStressTests {
         let handOffs = stressSize(ci: 100_000, full: 1_000_000)
         runThreads(threads) { me in
             for _ in 0..<(handOffs / threads) {
-                if !semaphores[me].wait(timeout: patience) {
+                if semaphores[me].wait(timeout: patience) == .timedOut {
                     failures.record()
                     return
                 }
@@ -290,7 +290,7 @@ struct ConditionStressTests {
         let lock: @Sendable () -> Void = { useVariable ? mutex.lock() : condition.lock() }
         let unlock: @Sendable () -> Void = { useVariable ? mutex.unlock() : condition.unlock() }
         let wait: @Sendable () -> Bool = {
-            useVariable ? variable.wait(releasing: mutex, timeout: patience) : condition.wait(timeout: patience)
+            useVariable ? variable.wait(releasing: mutex, timeout: patience) == .completed : condition.wait(timeout: patience) == .completed
         }
         let broadcast: @Sendable () -> Void = { useVariable ? variable.broadcast() : condition.broadcast() }
         let state = Turns()  // turn: generation; sum: arrivals in this generation
@@ -360,7 +360,7 @@ struct ConditionStressTests {
             for i in 0..<rounds {
                 if me == 0 {
                     semaphore.signal()
-                } else if semaphore.wait(timeout: .microseconds(10 * (i % 7))) {
+                } else if semaphore.wait(timeout: .microseconds(10 * (i % 7))) == .completed {
                     taken.record()
                 }
             }

@@ -208,9 +208,9 @@ struct EventSourceStressTests {
             var rng = XorShift(seed: 77 + t)
             for _ in 0..<perThread { source.merge(data: UInt64(1 + rng.next(3))) }
         }
-        #expect(reached.wait(timeout: .seconds(60)))
+        #expect(reached.wait(timeout: .seconds(60)) == .completed)
         source.cancel()
-        #expect(finished.wait(timeout: .seconds(10)))
+        #expect(finished.wait(timeout: .seconds(10)) == .completed)
         let (calls, sum) = final.withLock { $0 }
         #expect(sum == expected)
         #expect(calls >= 1 && calls <= 2 * perThread)
@@ -328,7 +328,7 @@ private func churnSources(total: Int) -> Int32 {
         timer.activate()
         warm.cancel()
         timer.cancel()
-        guard done.wait(timeout: .seconds(10)), done.wait(timeout: .seconds(10)) else { return 5 }
+        guard done.wait(timeout: .seconds(10)) == .completed, done.wait(timeout: .seconds(10)) == .completed else { return 5 }
     }
     let before = openDescriptorCount()
     let namesBefore = descriptorNames()
@@ -598,7 +598,7 @@ private func childrenExit(count requested: Int) -> Int32 {
         warm.setCancelHandler { _ in warmDone.signal() }
         warm.activate()
         warm.cancel()
-        guard warmDone.wait(timeout: .seconds(10)) else { return 3 }
+        guard warmDone.wait(timeout: .seconds(10)) == .completed else { return 3 }
     }
     // (A process source on a queue waits in the pool's poller: this makes
     // its epoll instance. The reactor thread may start later, for the
@@ -607,7 +607,7 @@ private func childrenExit(count requested: Int) -> Int32 {
     reactorWarm.setCancelHandler { _ in warmDone.signal() }
     reactorWarm.activate()
     reactorWarm.cancel()
-    guard warmDone.wait(timeout: .seconds(10)) else { return 3 }
+    guard warmDone.wait(timeout: .seconds(10)) == .completed else { return 3 }
 
     var go: [Int32] = [0, 0]
     var started: [Int32] = [0, 0]  // each child writes its index here as soon as fork() returns in it

@@ -232,7 +232,7 @@ struct EventRegistryStressTests {
                     loop.add(reader)
                     var b: UInt8 = UInt8(truncatingIfNeeded: round)
                     _ = write(peer, &b, 1)
-                    if !done.wait(timeout: .seconds(20)) { tally.timeouts.withLock { $0 += 1 } }
+                    if done.wait(timeout: .seconds(20)) == .timedOut { tally.timeouts.withLock { $0 += 1 } }
                     reader.invalidate()
                     for e in extras { e.invalidate() }
                     close(mine)

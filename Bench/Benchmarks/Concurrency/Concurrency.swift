@@ -86,7 +86,7 @@ func runTask(
         await body()
         done.signal()
     }
-    if !done.wait(timeout: patience) { report("\(what): the driver task did not finish within \(patience)") }
+    if done.wait(timeout: patience) == .timedOut { report("\(what): the driver task did not finish within \(patience)") }
 }
 
 // MARK: - 1. Actors on each executor

@@ -24,14 +24,14 @@ extension WorkGroup {
     /// passes (a timer of `WorkQueue.async(after:)` ends the wait; the
     /// notification stays registered until the group empties). Throws
     /// `CancellationError` if the task is cancelled first.
-    public func wait(until deadline: MonotonicClock.Instant) async throws(CancellationError) -> WorkWaitResult {
+    public func wait(until deadline: MonotonicClock.Instant) async throws(CancellationError) -> WaitResult {
         if AtomicMemory.load(from: countWord, ordering: .acquiring) & Self.countMask == 0 { return .completed }
         return try await suspendUntilNotified(until: deadline) { notify(on: .global(), $0) }
     }
 
     /// Suspends the calling task until the group is empty or `timeout` has
     /// passed. Throws `CancellationError` if the task is cancelled first.
-    public func wait(timeout: Duration) async throws(CancellationError) -> WorkWaitResult {
+    public func wait(timeout: Duration) async throws(CancellationError) -> WaitResult {
         try await wait(until: MonotonicClock.now.advanced(by: timeout))
     }
 }
@@ -47,14 +47,14 @@ extension WorkItem {
 
     /// Suspends the calling task until the item has finished or `deadline`
     /// passes. Throws `CancellationError` if the task is cancelled first.
-    public func wait(until deadline: MonotonicClock.Instant) async throws(CancellationError) -> WorkWaitResult {
+    public func wait(until deadline: MonotonicClock.Instant) async throws(CancellationError) -> WaitResult {
         if isFinished { return .completed }
         return try await suspendUntilNotified(until: deadline) { notify(on: .global(), $0) }
     }
 
     /// Suspends the calling task until the item has finished or `timeout`
     /// has passed. Throws `CancellationError` if the task is cancelled first.
-    public func wait(timeout: Duration) async throws(CancellationError) -> WorkWaitResult {
+    public func wait(timeout: Duration) async throws(CancellationError) -> WaitResult {
         try await wait(until: MonotonicClock.now.advanced(by: timeout))
     }
 }
@@ -106,7 +106,7 @@ private final class OneResumption: @unchecked Sendable {
 /// whichever comes first.
 private func suspendUntilNotified(
     until deadline: MonotonicClock.Instant, _ register: (@escaping @Sendable () -> Void) -> Void
-) async throws(CancellationError) -> WorkWaitResult {
+) async throws(CancellationError) -> WaitResult {
     let once = OneResumption()
     let outcome = await withTaskCancellationHandler {
         await withCheckedContinuation { (continuation: CheckedContinuation<WaitOutcome, Never>) in
@@ -196,6 +196,21 @@ extension ThreadLoop {
             if !accepted {
                 misuse("ThreadLoop.performReturning(_:): \(self)'s thread has exited; the block could never run")
             }
+        }
+    }
+}
+
+extension WorkQueue {
+    /// Runs `body` on the queue as an item (in the queue's order: after the
+    /// items submitted before it, on a serial queue alone) and returns its
+    /// value or throws its error, suspending the calling task, not blocking
+    /// its thread, meanwhile: the async form of `sync(_:)`. Memory: the
+    /// task sees everything `body` wrote. Not cut short by cancellation:
+    /// `body` is on the queue already. A `body` that blocks (a port's send,
+    /// a lookup) blocks a pool worker, not the caller's cooperative thread.
+    public func performReturning<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
+            async { continuation.resume(with: Result { try body() }) }
         }
     }
 }

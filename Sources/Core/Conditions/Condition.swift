@@ -164,28 +164,32 @@ public struct Condition: Locking, @unchecked Sendable {
     /// Blocks. Release ordering on the way in, acquire on the way out.
     /// Stops the process with a message if the condition is not locked.
     @inlinable
+    @available(*, noasync, message: "blocks the thread; in async code wait with an `AsyncLock`, or `await` a `WorkGroup`, `Semaphore` or continuation")
     public func wait() {
-        _ = wait(until: .distantFuture)
+        _ = wait(until: .distantFuture) as WaitResult
     }
 
-    /// As `wait()`, but gives up at `deadline` on the monotonic clock. Returns
-    /// false if the deadline passed without a signal or broadcast, true
-    /// otherwise (including a spurious wake-up). Either way the lock is held
-    /// again on return. `.distantFuture` waits forever; a deadline already
-    /// past returns false at once, without releasing the lock.
+    /// As `wait()`, but gives up at `deadline` on the monotonic clock.
+    /// Returns `.timedOut` if the deadline passed without a signal or
+    /// broadcast, `.completed` otherwise (including a spurious wake-up: test
+    /// the predicate again). Either way the lock is held again on return.
+    /// `.distantFuture` waits forever; a deadline already past returns
+    /// `.timedOut` at once, without releasing the lock.
     @inlinable
-    public func wait(until deadline: MonotonicClock.Instant) -> Bool {
+    @available(*, noasync, message: "blocks the thread; in async code wait with an `AsyncLock`, or `await` a `WorkGroup`, `Semaphore` or continuation")
+    public func wait(until deadline: MonotonicClock.Instant) -> WaitResult {
         let mutex = self.mutex
         require(
             AtomicMemory.load(from: mutex.word, ordering: .relaxed) & LockWord.locked != 0,
             "\(LockNames.label("Condition", storage.base)).wait: the condition is not locked; lock it, test the predicate, then wait")
-        if !deadline.isDistantFuture && MonotonicClock.now >= deadline { return false }
-        return queue.wait(releasing: mutex, flushingWakes: true, until: deadline)
+        if !deadline.isDistantFuture && MonotonicClock.now >= deadline { return .timedOut }
+        return queue.wait(releasing: mutex, flushingWakes: true, until: deadline) ? .completed : .timedOut
     }
 
     /// As `wait(until:)`, with a deadline `timeout` from now.
     @inlinable
-    public func wait(timeout: Duration) -> Bool {
+    @available(*, noasync, message: "blocks the thread; in async code wait with an `AsyncLock`, or `await` a `WorkGroup`, `Semaphore` or continuation")
+    public func wait(timeout: Duration) -> WaitResult {
         wait(until: MonotonicClock.now.advanced(by: timeout))
     }
 

@@ -194,6 +194,7 @@ public struct ConditionLock: Locking, @unchecked Sendable {
     /// Acquires the lock once it is free and its condition is `condition`,
     /// sleeping until then. Blocks. Acquire ordering.
     @inlinable
+    @available(*, noasync, message: "waits for another thread to set the condition; in async code use an `AsyncLock` or `await` a continuation")
     public func lock(whenCondition condition: Int) {
         _ = acquire(anyCondition: false, wanted: condition, before: .distantFuture)
     }
@@ -213,12 +214,14 @@ public struct ConditionLock: Locking, @unchecked Sendable {
     /// Acquire ordering on success. `.distantFuture` waits forever; a
     /// deadline already past makes this `tryLock(whenCondition:)`.
     @inlinable
+    @available(*, noasync, message: "waits for another thread to set the condition; in async code use an `AsyncLock` or `await` a continuation")
     public func lock(whenCondition condition: Int, before deadline: MonotonicClock.Instant) -> Bool {
         acquire(anyCondition: false, wanted: condition, before: deadline)
     }
 
     /// As `lock(whenCondition:before:)`, with a deadline `timeout` from now.
     @inlinable
+    @available(*, noasync, message: "waits for another thread to set the condition; in async code use an `AsyncLock` or `await` a continuation")
     public func lock(whenCondition condition: Int, timeout: Duration) -> Bool {
         acquire(anyCondition: false, wanted: condition, before: MonotonicClock.now.advanced(by: timeout))
     }

@@ -87,18 +87,22 @@ public struct ConditionVariable: @unchecked Sendable {
     /// process with a message if `lock` is not locked or is not the lock this
     /// variable is paired with.
     @inlinable
+    @available(*, noasync, message: "blocks the thread; in async code wait with an `AsyncLock`, or `await` a `WorkGroup`, `Semaphore` or continuation")
     public func wait(releasing lock: Lock) {
-        _ = wait(releasing: lock, until: .distantFuture)
+        _ = wait(releasing: lock, until: .distantFuture) as WaitResult
     }
 
     /// As `wait(releasing:)`, but gives up at `deadline` on the monotonic
-    /// clock. Returns false if the deadline passed without a signal or
-    /// broadcast, true otherwise (including a spurious wake-up). Either way
-    /// `lock` is held again on return. `.distantFuture` waits forever; a
-    /// deadline already past returns false at once, without releasing `lock`
-    /// (it still pairs the variable with `lock`).
+    /// clock. Returns `.timedOut` if the deadline passed without a signal or
+    /// broadcast, `.completed` otherwise (including a spurious wake-up: test
+    /// the predicate again). Either way `lock` is held again on return.
+    /// `.distantFuture` waits forever; a deadline already past returns
+    /// `.timedOut` at once, without releasing `lock` (it still pairs the
+    /// variable with `lock`).
     @inlinable
-    public func wait(releasing lock: Lock, until deadline: MonotonicClock.Instant) -> Bool {
+    @discardableResult
+    @available(*, noasync, message: "blocks the thread; in async code wait with an `AsyncLock`, or `await` a `WorkGroup`, `Semaphore` or continuation")
+    public func wait(releasing lock: Lock, until deadline: MonotonicClock.Instant) -> WaitResult {
         let identity = UInt(bitPattern: Unmanaged.passUnretained(lock.storage).toOpaque())
         if AtomicMemory.load(from: pairedWord, ordering: .relaxed) != identity {
             pair(with: lock)
@@ -106,13 +110,15 @@ public struct ConditionVariable: @unchecked Sendable {
         require(
             AtomicMemory.load(from: lock.mutex.word, ordering: .relaxed) & LockWord.locked != 0,
             "ConditionVariable.wait(releasing:): `lock` is not locked; lock it, test the predicate, then wait")
-        if !deadline.isDistantFuture && MonotonicClock.now >= deadline { return false }
-        return queue.wait(releasing: lock.mutex, flushingWakes: false, until: deadline)
+        if !deadline.isDistantFuture && MonotonicClock.now >= deadline { return .timedOut }
+        return queue.wait(releasing: lock.mutex, flushingWakes: false, until: deadline) ? .completed : .timedOut
     }
 
     /// As `wait(releasing:until:)`, with a deadline `timeout` from now.
     @inlinable
-    public func wait(releasing lock: Lock, timeout: Duration) -> Bool {
+    @discardableResult
+    @available(*, noasync, message: "blocks the thread; in async code wait with an `AsyncLock`, or `await` a `WorkGroup`, `Semaphore` or continuation")
+    public func wait(releasing lock: Lock, timeout: Duration) -> WaitResult {
         wait(releasing: lock, until: MonotonicClock.now.advanced(by: timeout))
     }
 

@@ -14,7 +14,8 @@ extension Condition {
     /// `NSCondition.wait(until:)`, with `deadline` on any convertible clock
     /// (`WallClock.now + .seconds(2)`), converted once on entry.
     @inlinable
-    public func wait<Deadline: MonotonicClockConvertible>(until deadline: Deadline) -> Bool {
+    @available(*, noasync, message: "blocks the thread; in async code wait with an `AsyncLock`, or `await` a `WorkGroup`, `Semaphore` or continuation")
+    public func wait<Deadline: MonotonicClockConvertible>(until deadline: Deadline) -> WaitResult {
         wait(until: deadline.monotonicInstant)
     }
 }
@@ -24,7 +25,8 @@ extension ConditionVariable {
     /// `deadline` on any convertible clock, converted once on entry.
     @inlinable
     @discardableResult
-    public func wait<Deadline: MonotonicClockConvertible>(releasing lock: Lock, until deadline: Deadline) -> Bool {
+    @available(*, noasync, message: "blocks the thread; in async code wait with an `AsyncLock`, or `await` a `WorkGroup`, `Semaphore` or continuation")
+    public func wait<Deadline: MonotonicClockConvertible>(releasing lock: Lock, until deadline: Deadline) -> WaitResult {
         wait(releasing: lock, until: deadline.monotonicInstant)
     }
 }
@@ -33,7 +35,8 @@ extension Semaphore {
     /// As `wait(until:)` with a `MonotonicClock` deadline, with `deadline`
     /// on any convertible clock, converted once on entry.
     @inlinable
-    public func wait<Deadline: MonotonicClockConvertible>(until deadline: Deadline) -> Bool {
+    @available(*, noasync, message: "blocks the thread; in async code use `await wait()`")
+    public func wait<Deadline: MonotonicClockConvertible>(until deadline: Deadline) -> WaitResult {
         wait(until: deadline.monotonicInstant)
     }
 }
@@ -43,6 +46,7 @@ extension ConditionLock {
     /// Foundation's `NSConditionLock.lock(whenCondition:before:)`, with
     /// `deadline` on any convertible clock, converted once on entry.
     @inlinable
+    @available(*, noasync, message: "waits for another thread to set the condition; in async code use an `AsyncLock` or `await` a continuation")
     public func lock<Deadline: MonotonicClockConvertible>(whenCondition condition: Int, before deadline: Deadline) -> Bool {
         lock(whenCondition: condition, before: deadline.monotonicInstant)
     }

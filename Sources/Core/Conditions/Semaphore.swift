@@ -150,19 +150,22 @@ public struct Semaphore: @unchecked Sendable {
     }
 
     /// Takes a resource, sleeping at most until `deadline` on the monotonic
-    /// clock. Returns whether it took one. Blocks. Acquire ordering on
-    /// success. `.distantFuture` waits forever; a deadline already past
-    /// returns at once (true only if a resource was available).
+    /// clock: `.completed` if it took one, `.timedOut` if the deadline passed
+    /// first (see `WaitResult`). Blocks. Acquire ordering on success.
+    /// `.distantFuture` waits forever; a deadline already past returns at
+    /// once (`.completed` only if a resource was available).
     @inlinable
-    public func wait(until deadline: MonotonicClock.Instant) -> Bool {
+    @available(*, noasync, message: "blocks the thread; in async code use `await wait()`")
+    public func wait(until deadline: MonotonicClock.Instant) -> WaitResult {
         Perturbation.point(.semaphoreWait)
-        if AtomicMemory.decrement(count, ordering: .acquiring) >= 0 { return true }
-        return waitContended(until: deadline)
+        if AtomicMemory.decrement(count, ordering: .acquiring) >= 0 { return .completed }
+        return waitContended(until: deadline) ? .completed : .timedOut
     }
 
     /// As `wait(until:)`, with a deadline `timeout` from now.
     @inlinable
-    public func wait(timeout: Duration) -> Bool {
+    @available(*, noasync, message: "blocks the thread; in async code use `await wait()`")
+    public func wait(timeout: Duration) -> WaitResult {
         wait(until: MonotonicClock.now.advanced(by: timeout))
     }
 

@@ -62,6 +62,7 @@ public struct Futex: @unchecked Sendable {
     /// word with an acquiring load after waking.
     ///
     /// `futex(FUTEX_WAIT_BITSET)` with an absolute `CLOCK_MONOTONIC` deadline.
+    @available(*, noasync, message: "sleeps the thread in the kernel; async code cannot wait on a futex")
     public func wait(expecting expected: UInt32, until deadline: MonotonicClock.Instant? = nil) -> WaitResult {
         let deadlineNs: Int64 = (deadline?.isDistantFuture ?? true) ? -1 : max(deadline!.nanoseconds, 0)
         while true {
@@ -81,6 +82,7 @@ public struct Futex: @unchecked Sendable {
 
     /// Sleeps while the word holds `expected` for at most `timeout`; see
     /// `wait(expecting:until:)`.
+    @available(*, noasync, message: "sleeps the thread in the kernel; async code cannot wait on a futex")
     public func wait(expecting expected: UInt32, timeout: Duration) -> WaitResult {
         wait(expecting: expected, until: MonotonicClock.now.advanced(by: timeout))
     }

@@ -521,7 +521,7 @@ open class Job: @unchecked Sendable, CustomStringConvertible {
     /// clock): `.completed` if the job finished, `.timedOut` otherwise. A
     /// deadline already past only checks.
     @available(*, noasync, message: "blocks the thread; in async code use `await waitUntilFinished()`")
-    public func waitUntilFinished(until deadline: MonotonicClock.Instant) -> WorkWaitResult {
+    public func waitUntilFinished(until deadline: MonotonicClock.Instant) -> WaitResult {
         if bits & Bit.done != 0 { return .completed }
         return announcingBlocking {
             while true {
@@ -540,7 +540,7 @@ open class Job: @unchecked Sendable, CustomStringConvertible {
 
     /// As `waitUntilFinished()`, giving up after `timeout`.
     @available(*, noasync, message: "blocks the thread; in async code use `await waitUntilFinished()`")
-    public func waitUntilFinished(timeout: Duration) -> WorkWaitResult {
+    public func waitUntilFinished(timeout: Duration) -> WaitResult {
         waitUntilFinished(until: MonotonicClock.now.advanced(by: timeout))
     }
 

@@ -42,7 +42,7 @@ public final class JobQueue: @unchecked Sendable, CustomStringConvertible {
     private let lock = GuardLock()
     /// Entered when a job is added, left when it finished and its completion
     /// handler ran: what `waitUntilAllJobsAreFinished()` waits on.
-    private let unfinished = WorkGroup()
+    let unfinished = WorkGroup()
 
     // Guarded by `lock`.
     private var ready = ReadyJobs()
@@ -109,8 +109,23 @@ public final class JobQueue: @unchecked Sendable, CustomStringConvertible {
 
     /// Adds every job of `jobs` (in order), then, with `waitUntilFinished`,
     /// blocks until all of them have finished (a blocking region on a pool
-    /// worker). Misuse as `add(_:)`.
-    public func add(_ jobs: [Job], waitUntilFinished: Bool = false) {
+    /// worker). Misuse as `add(_:)`. Without the wait, `add(_:)` with the
+    /// array does the same and can be called from async code.
+    @available(*, noasync, message: "blocks the thread when waitUntilFinished is true; in async code add them with `add(_:)` and `try await` each job's `waitUntilFinished()`")
+    public func add(_ jobs: [Job], waitUntilFinished: Bool) {
+        addAll(jobs)
+        if waitUntilFinished {
+            for job in jobs { job.waitUntilFinished() }
+        }
+    }
+
+    /// Adds every job of `jobs`, in order, as `add(_:)` adds one. Never
+    /// blocks beyond a short internal lock; misuse as `add(_:)`.
+    public func add(_ jobs: [Job]) {
+        addAll(jobs)
+    }
+
+    private func addAll(_ jobs: [Job]) {
         lock.lock()
         for job in jobs { insertLocked(job, api: "add(_:waitUntilFinished:)") }
         var starting: [Job] = []
@@ -119,9 +134,6 @@ public final class JobQueue: @unchecked Sendable, CustomStringConvertible {
         lock.unlock()
         withExtendedLifetime(released) {}
         for job in starting { launch(job) }
-        if waitUntilFinished {
-            for job in jobs { job.waitUntilFinished() }
-        }
     }
 
     /// Adds a `ClosureJob` running `body` and returns it. Never blocks.
@@ -293,6 +305,7 @@ public final class JobQueue: @unchecked Sendable, CustomStringConvertible {
     /// blocking region on a pool worker. Acquiring: sees everything the jobs
     /// wrote. On a suspended queue with unstarted jobs it waits until someone
     /// resumes it.
+    @available(*, noasync, message: "blocks the thread; in async code use `try await waitUntilAllJobsAreFinished()`")
     public func waitUntilAllJobsAreFinished() {
         unfinished.wait()
     }
@@ -300,12 +313,14 @@ public final class JobQueue: @unchecked Sendable, CustomStringConvertible {
     /// As `waitUntilAllJobsAreFinished()`, giving up at `deadline` (on the
     /// monotonic clock): `.completed` if the queue emptied, `.timedOut`
     /// otherwise.
-    public func waitUntilAllJobsAreFinished(until deadline: MonotonicClock.Instant) -> WorkWaitResult {
+    @available(*, noasync, message: "blocks the thread; in async code use `try await waitUntilAllJobsAreFinished()`")
+    public func waitUntilAllJobsAreFinished(until deadline: MonotonicClock.Instant) -> WaitResult {
         unfinished.wait(until: deadline)
     }
 
     /// As `waitUntilAllJobsAreFinished()`, giving up after `timeout`.
-    public func waitUntilAllJobsAreFinished(timeout: Duration) -> WorkWaitResult {
+    @available(*, noasync, message: "blocks the thread; in async code use `try await waitUntilAllJobsAreFinished()`")
+    public func waitUntilAllJobsAreFinished(timeout: Duration) -> WaitResult {
         unfinished.wait(timeout: timeout)
     }
 }

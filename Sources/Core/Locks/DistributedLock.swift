@@ -198,6 +198,7 @@ public final class DistributedLock: @unchecked Sendable {
     /// `.distantFuture` waits forever. Throws what `tryLock()` throws.
     /// Misuse: calling it on an object that already holds the lock stops
     /// the process with a message (it would wait for itself).
+    @available(*, noasync, message: "sleeps between tries; in async code try with `tryLock()` between `Task.sleep`s, or lock on a pool worker")
     public func lock(before deadline: MonotonicClock.Instant) throws(Error) -> Bool {
         require(ownedToken == nil, "DistributedLock.lock(before:): this object already holds \(path)")
         var pause = Self.firstPause
@@ -216,6 +217,7 @@ public final class DistributedLock: @unchecked Sendable {
     }
 
     /// As `lock(before:)`, with a deadline `timeout` from now.
+    @available(*, noasync, message: "sleeps between tries; in async code try with `tryLock()` between `Task.sleep`s, or lock on a pool worker")
     public func lock(timeout: Duration) throws(Error) -> Bool {
         try lock(before: MonotonicClock.now.advanced(by: timeout))
     }

@@ -65,3 +65,13 @@ extension LockedValue {
         try withLock(before: deadline.monotonicInstant, body)
     }
 }
+
+extension DistributedLock {
+    /// As `lock(before:)` with a `MonotonicClock` deadline, with `deadline`
+    /// on any of Spindle's and Swift's monotonic clocks or the wall clock,
+    /// converted once on entry. Blocks at most until `deadline`.
+    @available(*, noasync, message: "sleeps between tries; in async code try with `tryLock()` between `Task.sleep`s, or lock on a pool worker")
+    public func lock<Deadline: MonotonicClockConvertible>(before deadline: Deadline) throws(Error) -> Bool {
+        try lock(before: deadline.monotonicInstant)
+    }
+}

@@ -161,6 +161,7 @@ public final class LocalPort: @unchecked Sendable {
     ///   port (its handler sending to its own port, say): only that thread
     ///   makes room, so the wait would never end before the deadline. Nothing
     ///   is queued when it throws.
+    @available(*, noasync, message: "waits for room in the port's queue; in async code run it on a pool worker (`try await WorkQueue.global().performReturning { ... }`)")
     public func send(_ message: PortEnvelope, timeout: Duration) throws(PortError) {
         require(timeout >= .zero, "LocalPort.send: `timeout` is \(timeout); it cannot be negative")
         try send(message, before: MonotonicClock.now.advanced(by: timeout))
@@ -168,6 +169,7 @@ public final class LocalPort: @unchecked Sendable {
 
     /// As `send(_:timeout:)`, waiting for room until `deadline` on the
     /// monotonic clock (`.distantFuture`: as long as it takes).
+    @available(*, noasync, message: "waits for room in the port's queue; in async code run it on a pool worker (`try await WorkQueue.global().performReturning { ... }`)")
     public func send(_ message: PortEnvelope, before deadline: MonotonicClock.Instant) throws(PortError) {
         try message.checkLimits()
         let start = MonotonicClock.now

@@ -167,6 +167,7 @@ public final class RemotePort: @unchecked Sendable {
     ///   as another user than `owner` (someone took the name: nothing is
     ///   sent); `.accessDenied` if the owner does not accept the caller's
     ///   user; `.timedOut` if its loop did not accept in time; `.system`.
+    @available(*, noasync, message: "blocks until the owner accepts; in async code run it on a pool worker (`try await WorkQueue.global().performReturning { ... }`)")
     public static func lookup(_ name: String, owner: UInt32? = nil, timeout: Duration = .seconds(5)) throws(PortError) -> RemotePort {
         PortSocketCalls.checkName(name, "RemotePort.lookup")
         require(timeout >= .zero, "RemotePort.lookup: `timeout` is \(timeout); it cannot be negative")
@@ -227,6 +228,7 @@ public final class RemotePort: @unchecked Sendable {
     ///   `ENETUNREACH`, `ETIMEDOUT`...); `.timedOut` if `timeout` passed
     ///   first; `.system` (an address that is not a dotted IPv4 address, no
     ///   descriptors or memory left).
+    @available(*, noasync, message: "blocks until connected; in async code run it on a pool worker (`try await WorkQueue.global().performReturning { ... }`)")
     public static func connect(
         host: String, port: UInt16, wireFormat: PortWireFormat = .spindle, timeout: Duration = .seconds(5)
     ) throws(PortError) -> RemotePort {
@@ -271,6 +273,7 @@ public final class RemotePort: @unchecked Sendable {
     /// - Throws: `.messageTooLarge`, `.tooManyComponents`, `.notTransferable`,
     ///   `.unsupportedByFoundationWireFormat` (nothing sent); `.timedOut`;
     ///   `.peerGone`; `.invalidated`; `.system`.
+    @available(*, noasync, message: "waits for room in the connection; in async code run it on a pool worker (`try await WorkQueue.global().performReturning { ... }`)")
     public func send(_ message: PortEnvelope, timeout: Duration) throws(PortError) {
         require(timeout >= .zero, "RemotePort.send: `timeout` is \(timeout); it cannot be negative")
         let deadline = MonotonicClock.now.advanced(by: timeout)
@@ -322,6 +325,7 @@ public final class RemotePort: @unchecked Sendable {
     ///   owner died or dropped the connection before replying;
     ///   `.unsupportedByFoundationWireFormat` (nothing sent) on a port
     ///   connected in `.foundationSocketPort` format, which has no replies.
+    @available(*, noasync, message: "blocks until the reply; in async code run it on a pool worker (`try await WorkQueue.global().performReturning { ... }`)")
     public func sendRequest(_ message: PortEnvelope, timeout: Duration, replyTimeout: Duration) throws(PortError) -> PortEnvelope {
         require(timeout >= .zero, "RemotePort.sendRequest: `timeout` is \(timeout); it cannot be negative")
         require(replyTimeout >= .zero, "RemotePort.sendRequest: `replyTimeout` is \(replyTimeout); it cannot be negative")

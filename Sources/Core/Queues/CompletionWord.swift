@@ -9,7 +9,7 @@ struct CompletionWaiters {
     /// Blocks (a blocking region on a pool worker) until `isDone` holds for
     /// the word or `deadline` passes. Acquiring: sees what the finisher wrote
     /// before its releasing update of the word.
-    func wait(until deadline: MonotonicClock.Instant, isDone: (UInt32) -> Bool) -> WorkWaitResult {
+    func wait(until deadline: MonotonicClock.Instant, isDone: (UInt32) -> Bool) -> WaitResult {
         if isDone(AtomicMemory.load(from: word, ordering: .acquiring)) { return .completed }
         return announcingBlocking {
             while true {

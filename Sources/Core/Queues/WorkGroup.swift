@@ -89,7 +89,7 @@ public final class WorkGroup: @unchecked Sendable {
     /// Blocks until the group is empty or `deadline` passes; a deadline
     /// already past only checks.
     @available(*, noasync, message: "blocks the thread; in async code use `await wait()`")
-    public func wait(until deadline: MonotonicClock.Instant) -> WorkWaitResult {
+    public func wait(until deadline: MonotonicClock.Instant) -> WaitResult {
         CompletionWaiters(word: word, waitersBit: Self.waitersBit).wait(until: deadline) {
             $0 & Self.countMask == 0
         }
@@ -97,7 +97,7 @@ public final class WorkGroup: @unchecked Sendable {
 
     /// Blocks until the group is empty or `timeout` has passed.
     @available(*, noasync, message: "blocks the thread; in async code use `await wait()`")
-    public func wait(timeout: Duration) -> WorkWaitResult {
+    public func wait(timeout: Duration) -> WaitResult {
         wait(until: MonotonicClock.now.advanced(by: timeout))
     }
 

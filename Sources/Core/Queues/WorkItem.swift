@@ -100,7 +100,7 @@ public final class WorkItem: @unchecked Sendable {
 
     /// Blocks until the item has finished or `deadline` passes.
     @available(*, noasync, message: "blocks the thread; in async code use `await wait()`")
-    public func wait(until deadline: MonotonicClock.Instant) -> WorkWaitResult {
+    public func wait(until deadline: MonotonicClock.Instant) -> WaitResult {
         CompletionWaiters(word: state, waitersBit: State.waiters).wait(until: deadline) {
             $0 & State.finished != 0
         }
@@ -108,7 +108,7 @@ public final class WorkItem: @unchecked Sendable {
 
     /// Blocks until the item has finished or `timeout` has passed.
     @available(*, noasync, message: "blocks the thread; in async code use `await wait()`")
-    public func wait(timeout: Duration) -> WorkWaitResult {
+    public func wait(timeout: Duration) -> WaitResult {
         wait(until: MonotonicClock.now.advanced(by: timeout))
     }
 

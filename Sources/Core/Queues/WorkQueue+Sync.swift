@@ -20,6 +20,7 @@ extension WorkQueue {
     /// itself forever), or calls it on the main thread for a queue that runs
     /// on the main queue.
     @inlinable
+    @available(*, noasync, message: "blocks the thread until the queue runs the item; in async code use `try await performReturning { ... }`")
     public func sync<T, E: Error>(_ body: () throws(E) -> T) throws(E) -> T {
         var outcome: Result<T, E>?
         syncCore(barrier: false) { outcome = Result { () throws(E) -> T in try body() } }
@@ -31,6 +32,7 @@ extension WorkQueue {
     /// On a serial queue it is `sync`. Stops the process on a global queue,
     /// and when the caller runs on this queue.
     @inlinable
+    @available(*, noasync, message: "blocks the thread until the queue runs the barrier; in async code submit it with `asyncBarrier` and await a continuation")
     public func syncBarrier<T, E: Error>(_ body: () throws(E) -> T) throws(E) -> T {
         var outcome: Result<T, E>?
         syncCore(barrier: true) { outcome = Result { () throws(E) -> T in try body() } }

@@ -50,9 +50,15 @@ public final class LoopThread: Sendable, CustomStringConvertible {
     /// Blocks until the new thread has made its loop (a thread start and a
     /// hand-over: tens of microseconds), not while `body` runs.
     ///
+    /// The thread's kernel name (`ps`, `top`, debuggers) is `name`, else
+    /// `attributes.name`, else `"LoopThread"`: an unnamed loop thread does
+    /// not keep the name Linux copies from the thread that created it.
+    ///
     /// - Parameters:
     ///   - attributes: The thread's attributes (name, stack size, priority,
     ///     affinity...); `isDetached` must be false, since `join()` joins it.
+    ///   - name: The thread's name, at most 15 bytes of UTF-8; takes the
+    ///     place of `attributes.name` when given.
     ///   - kind: The loop's event backend; `nil` for the preferred one.
     ///   - body: What the thread does with its loop; by default it runs the
     ///     loop until `stop()`. An error it throws reaches `join()`. It is
@@ -61,16 +67,21 @@ public final class LoopThread: Sendable, CustomStringConvertible {
     ///     caller goes on using).
     /// - Returns: The running thread and its loop.
     /// - Throws: `NativeThreadError` if the thread cannot start (see
-    ///   `SpawnedThread.start()`), or `.systemCall` with the kernel's
-    ///   refusal of the loop's backend (`kind`, or the preferred one when
-    ///   both kinds are refused: e.g. `EMFILE` when the process is out of
-    ///   descriptors); the thread has then ended and been joined.
+    ///   `SpawnedThread.start()`; `.nameTooLong` for a name over 15 bytes),
+    ///   or `.systemCall` with the kernel's refusal of the loop's backend
+    ///   (`kind`, or the preferred one when both kinds are refused: e.g.
+    ///   `EMFILE` when the process is out of descriptors); the thread has
+    ///   then ended and been joined.
+    @available(*, noasync, message: "blocks until the new thread has made its loop; in async code use `try await LoopThread.start(...)`")
     public static func start(
         _ attributes: NativeThread.Attributes = NativeThread.Attributes(),
+        name: String? = nil,
         backend kind: EventBackendKind? = nil,
         _ body: sending @escaping (ThreadLoop) throws -> Void = { $0.run() }
     ) throws(NativeThreadError) -> LoopThread {
         require(!attributes.isDetached, "LoopThread.start: `attributes.isDetached` is true; a loop thread is joinable")
+        var attributes = attributes
+        attributes.name = name ?? attributes.name ?? Self.defaultName
         let handOver = LockedValue<Result<(ThreadLoop, LoopSource), SystemCallError>?>(nil)
         let ready = Semaphore(value: 0)
         let thread = try NativeThread.start(attributes) { () throws -> Void in
@@ -105,6 +116,40 @@ public final class LoopThread: Sendable, CustomStringConvertible {
         }
     }
 
+    /// The async form of `start(_:name:backend:_:)`: the thread is started
+    /// from a pool worker while the calling task is suspended, so no
+    /// cooperative thread waits for the hand-over. `body` is `@Sendable`
+    /// here (it crosses to the pool worker first). Throws as the blocking
+    /// form; misuse as it.
+    public static func start(
+        _ attributes: NativeThread.Attributes = NativeThread.Attributes(),
+        name: String? = nil,
+        backend kind: EventBackendKind? = nil,
+        _ body: @escaping @Sendable (ThreadLoop) throws -> Void = { $0.run() }
+    ) async throws(NativeThreadError) -> LoopThread {
+        let started: Result<LoopThread, NativeThreadError>
+        do {
+            started = try await WorkQueue.global().performReturning {
+                Result { () throws(NativeThreadError) -> LoopThread in
+                    try LoopThread.start(attributes, name: name, backend: kind, body)
+                }
+            }
+        } catch {
+            misuse("LoopThread.start: the pool worker that starts the thread threw \(error), which it never does")
+        }
+        return try started.get()
+    }
+
+    /// The async form of `join()`: suspends the calling task until the
+    /// thread has ended (see `SpawnedThread`'s async `join()`), and rethrows
+    /// what its body threw.
+    public func join() async throws {
+        try await thread.join()
+    }
+
+    /// The kernel name of a loop thread started without one.
+    public static let defaultName = "LoopThread"
+
     /// Asks the thread to stop: removes the keep-alive source and makes the
     /// loop's current `run` (or its next one) return `.stopped`, which ends
     /// the default body. Any thread; never blocks (a wake-up system call if
@@ -117,6 +162,7 @@ public final class LoopThread: Sendable, CustomStringConvertible {
     /// Waits for the thread to end and rethrows what its body threw. Blocks.
     /// Everything the thread did is visible to the caller afterwards. Call
     /// `stop()` first unless the body returns on its own.
+    @available(*, noasync, message: "blocks the thread until the loop thread ends; in async code use `try await join()`")
     public func join() throws {
         try thread.join()
     }

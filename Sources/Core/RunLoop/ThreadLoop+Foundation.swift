@@ -25,6 +25,7 @@ extension ThreadLoop {
     /// `ContinuousClock`, `SuspendingClock` or any `MonotonicClockConvertible`
     /// clock (converted once, on entry).
     @discardableResult
+    @available(*, noasync, message: "runs the loop, blocking the thread that owns it; a loop runs on its own thread (`LoopThread`), not in async code")
     public func run<Deadline: MonotonicClockConvertible>(
         mode: LoopMode = .default, until deadline: Deadline, returnAfterSourceHandled: Bool = false
     ) -> LoopRunResult {
@@ -33,6 +34,7 @@ extension ThreadLoop {
 
     /// As `run(until:)`, with `deadline` on any `MonotonicClockConvertible`
     /// clock (`ContinuousClock.now + .seconds(1)`).
+    @available(*, noasync, message: "runs the loop, blocking the thread that owns it; a loop runs on its own thread (`LoopThread`), not in async code")
     public func run<Deadline: MonotonicClockConvertible>(until deadline: Deadline) {
         run(until: deadline.monotonicInstant)
     }

@@ -389,6 +389,7 @@ public final class ThreadLoop: @unchecked Sendable {
     /// timeout makes one pass without sleeping. Blocks the calling thread,
     /// which must own the loop (a precondition failure otherwise). Nests.
     @discardableResult
+    @available(*, noasync, message: "runs the loop, blocking the thread that owns it; a loop runs on its own thread (`LoopThread`), not in async code")
     public func run(
         mode: LoopMode = .default, timeout: Duration, returnAfterSourceHandled: Bool = false
     ) -> LoopRunResult {
@@ -398,6 +399,7 @@ public final class ThreadLoop: @unchecked Sendable {
 
     /// As `run(mode:timeout:returnAfterSourceHandled:)`, until `deadline`.
     @discardableResult
+    @available(*, noasync, message: "runs the loop, blocking the thread that owns it; a loop runs on its own thread (`LoopThread`), not in async code")
     public func run(
         mode: LoopMode = .default, until deadline: MonotonicClock.Instant, returnAfterSourceHandled: Bool = false
     ) -> LoopRunResult {
@@ -458,6 +460,7 @@ public final class ThreadLoop: @unchecked Sendable {
 
     /// Runs the loop in the default mode until it is stopped or has nothing
     /// left to do. Blocks the owning thread.
+    @available(*, noasync, message: "runs the loop, blocking the thread that owns it; a loop runs on its own thread (`LoopThread`), not in async code")
     public func run() {
         while true {
             switch run(mode: .default, until: .distantFuture) {
@@ -473,6 +476,7 @@ public final class ThreadLoop: @unchecked Sendable {
     /// Makes at least one pass, even when `deadline` has passed already: with
     /// `.now` it is the guide's polling pass, which lets signalled sources,
     /// queued performs and due timers run without sleeping.
+    @available(*, noasync, message: "runs the loop, blocking the thread that owns it; a loop runs on its own thread (`LoopThread`), not in async code")
     public func run(until deadline: MonotonicClock.Instant) {
         repeat {
             switch run(mode: .default, until: deadline) {
@@ -667,7 +671,12 @@ public final class ThreadLoop: @unchecked Sendable {
     /// it still holds), as it does for `Thread` and `DispatchQueue.async`;
     /// state it gives up (an object made for the block) needs no box. Share
     /// state through a `Sendable` value such as `LockedValue`.
+    ///
+    /// To wait for a value the block computes, use
+    /// `performAndWait(inModes:_:)`; to queue from async code, the form
+    /// without `waitUntilDone` (this one is `noasync`, since it may wait).
     @discardableResult
+    @available(*, noasync, message: "may block until the loop runs the block; in async code queue it with `perform(inModes:_:)` or use `try await performReturning { ... }`")
     public func perform(
         inModes modes: [LoopMode] = [.common], waitUntilDone: Bool = false, _ block: sending @escaping () -> Void
     ) -> Bool {

@@ -327,6 +327,7 @@ public class NativeThread: @unchecked Sendable, Hashable, CustomStringConvertibl
     /// `CLOCK_MONOTONIC` deadline), which `cancel()` wakes. The first sleep of
     /// a thread allocates its 4-byte futex word.
     @discardableResult
+    @available(*, noasync, message: "blocks the thread; in async code use `try await Task.sleep(for:)`")
     public static func sleep(until deadline: MonotonicClock.Instant) -> Bool {
         let thread = current
         let word = thread.ownSleepWord()
@@ -365,6 +366,7 @@ public class NativeThread: @unchecked Sendable, Hashable, CustomStringConvertibl
     /// Blocks the calling thread for `duration`, or until it is cancelled;
     /// see `sleep(until:)`. A zero or negative duration returns at once.
     @discardableResult
+    @available(*, noasync, message: "blocks the thread; in async code use `try await Task.sleep(for:)`")
     public static func sleep(for duration: Duration) -> Bool {
         sleep(until: MonotonicClock.now.advanced(by: duration))
     }

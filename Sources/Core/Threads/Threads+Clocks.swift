@@ -8,6 +8,7 @@ extension NativeThread {
     /// converted once on entry (a wall-clock step during the sleep does not
     /// move its end).
     @discardableResult
+    @available(*, noasync, message: "blocks the thread; in async code use `try await Task.sleep(for:)`")
     public static func sleep<Deadline: MonotonicClockConvertible>(until deadline: Deadline) -> Bool {
         sleep(until: deadline.monotonicInstant)
     }
@@ -16,6 +17,7 @@ extension NativeThread {
 extension SpawnedThread {
     /// As `join(until:)`, with `deadline` on any `MonotonicClockConvertible`
     /// clock.
+    @available(*, noasync, message: "blocks the thread; in async code use `try await join()`")
     public func join<Deadline: MonotonicClockConvertible>(until deadline: Deadline) throws -> Value? {
         try join(until: deadline.monotonicInstant)
     }
@@ -24,6 +26,7 @@ extension SpawnedThread {
     /// joinable, if it is still running then (`join(until:)` with a deadline
     /// `timeout` from now; a zero or negative timeout only checks). Blocks the
     /// calling thread at most `timeout`.
+    @available(*, noasync, message: "blocks the thread; in async code use `try await join()`")
     public func join(timeout: Duration) throws -> Value? {
         try join(until: MonotonicClock.now.advanced(by: timeout))
     }
