@@ -100,7 +100,7 @@ func lostWakeUp() -> Bool {
         if i == 0 {
             mailbox.condition.lock()
             while AtomicMemory.load(from: mailbox.ready, ordering: .relaxed) == 0 {
-                if !mailbox.condition.wait(timeout: .milliseconds(20)) {
+                if mailbox.condition.wait(timeout: .milliseconds(20)) == .timedOut {
                     if AtomicMemory.load(from: mailbox.ready, ordering: .relaxed) != 0 {
                         AtomicMemory.store(1, to: mailbox.lost, ordering: .relaxed)
                     }

@@ -94,7 +94,7 @@ private func runOutOfDescriptors() -> Int32 {
         make({ try EventSource.fileSystemObject(descriptor: file, events: .write, on: .queue(queue)) })
     else { return 9 }
     for _ in sources {
-        guard cancelled.wait(timeout: .seconds(10)) else { return 10 }
+        guard cancelled.wait(timeout: .seconds(10)) == .completed else { return 10 }
     }
     for source in sources {
         guard source.isCancelled, isEMFILE(source.failure) else {
@@ -112,7 +112,7 @@ private func runOutOfDescriptors() -> Int32 {
     let again = EventSource.timer(interval: nil, on: .queue(queue))
     again.setEventHandler { _ in fired.signal() }
     again.activate()
-    guard fired.wait(timeout: .seconds(10)) else { return 14 }
+    guard fired.wait(timeout: .seconds(10)) == .completed else { return 14 }
     again.cancel()
     return 0
 }

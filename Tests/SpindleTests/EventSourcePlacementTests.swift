@@ -45,11 +45,11 @@ struct EventSourcePlacementTests {
         defer { source.cancel() }
         #expect(source.watchPlacementName == "pool")
         #expect(pwrite(fd, "a", 1, 0) == 1)
-        #expect(called.wait(timeout: .seconds(10)))
+        #expect(called.wait(timeout: .seconds(10)) == .completed)
         source.setTarget(loop.target)
         #expect(source.watchPlacementName == "reactor")
         #expect(pwrite(fd, "b", 1, 1) == 1)
-        #expect(called.wait(timeout: .seconds(10)))
+        #expect(called.wait(timeout: .seconds(10)) == .completed)
         let calls = seen.withLock { $0 }
         #expect(calls.map(\.0) == [.write, .write])
         #expect(calls.map(\.1) == [false, true])
@@ -139,7 +139,7 @@ private func moveProcessSource() -> Int32 {
     source.setTarget(loop.target)
     guard source.watchPlacementName == "loop" else { return 7 }
     close(gate[1])
-    guard called.wait(timeout: .seconds(10)) else { return 8 }
+    guard called.wait(timeout: .seconds(10)) == .completed else { return 8 }
     usleep(20_000)
     let seen = calls.withLock { $0 }
     guard seen.count == 1, seen[0].0 == EventSource.ProcessEvents.exit.rawValue, seen[0].1 else { return 9 }
