@@ -240,20 +240,28 @@ struct ConditionLockMisuseTests {
         thisCondition.lockGuardForTesting()
         let results = Flags()
         let done = Latch()
+        let guardsFree = Latch()
         let join = startThread {
-            results.set(0, anyCondition.tryLock() ? 1 : 2)
-            results.set(1, thisCondition.tryLock(whenCondition: 3) ? 1 : 2)
+            let tookAny = anyCondition.tryLock()
+            let tookThis = thisCondition.tryLock(whenCondition: 3)
+            results.set(0, tookAny ? 1 : 2)
+            results.set(1, tookThis ? 1 : 2)
             done.countDown()
+            // Unlocked by the thread that locked (another thread's unlock
+            // is misuse, which ThreadSanitizer reports), once the guards
+            // are free again.
+            guardsFree.wait(seconds: 30)
+            if tookAny { anyCondition.unlock() }
+            if tookThis { thisCondition.unlock() }
         }
         let finished = done.wait(seconds: 10)
         anyCondition.unlockGuardForTesting()
         thisCondition.unlockGuardForTesting()
+        guardsFree.countDown()
         join()
         #expect(finished, "tryLock waited for the guard")
         #expect(results.get(0) == 1)
         #expect(results.get(1) == 1)
-        anyCondition.unlock()
-        thisCondition.unlock()
         #expect(anyCondition.tryLock())
         anyCondition.unlock()
     }
