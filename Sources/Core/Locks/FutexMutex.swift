@@ -80,6 +80,7 @@ struct FutexMutex {
     @inlinable var word: UnsafeMutablePointer<UInt32> { core.word }
 
     @inlinable
+    @inline(__always)
     func lock() {
         Perturbation.point(.lockAcquire)
         // Pairs with the releasing compare-and-swap of `unlock` / `unlockContended`.
@@ -105,6 +106,7 @@ struct FutexMutex {
     }
 
     @inlinable
+    @inline(__always)
     func unlock() {
         LockHooks.tsanReleasing(word)
         // Pairs with the acquiring compare-and-swap of the next holder.

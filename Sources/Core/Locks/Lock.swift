@@ -151,6 +151,7 @@ public struct Lock: Locking, @unchecked Sendable {
     /// Acquires the lock, sleeping while another thread holds it.
     /// Blocks. Acquire ordering. Deadlocks if the caller already holds it.
     @inlinable
+    @inline(__always)
     public func lock() {
         LockHooks.willLock(mutex.word, .lock)
         checkNotHeldByCaller()
@@ -186,6 +187,7 @@ public struct Lock: Locking, @unchecked Sendable {
     /// system call only when a thread sleeps on the lock. Release ordering.
     /// Stops the process with a message if the lock is not locked.
     @inlinable
+    @inline(__always)
     public func unlock() {
         LockHooks.willUnlock(mutex.word, .lock)
         #if DEBUG

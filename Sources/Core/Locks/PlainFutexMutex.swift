@@ -33,6 +33,7 @@ struct PlainFutexMutex {
 
     /// Acquires, spinning briefly and then sleeping. Blocks. Acquire ordering.
     @inlinable
+    @inline(__always)
     func lock() {
         Perturbation.point(.lockAcquire)
         // Pairs with the releasing compare-and-swap in `unlock` / `release`.
@@ -83,6 +84,7 @@ struct PlainFutexMutex {
     /// Releases, waking one sleeper if `parked` is set. Never blocks. Release
     /// ordering. Stops the process if the word was not locked.
     @inlinable
+    @inline(__always)
     func unlock() {
         LockHooks.tsanReleasing(word)
         // Pairs with the acquiring compare-and-swap of the next holder.
