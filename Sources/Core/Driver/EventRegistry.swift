@@ -121,7 +121,7 @@ package final class EventRegistry: @unchecked Sendable {
     /// wait on the wake word would need a futex wake-up per re-arm, and
     /// the short spin before it would burn CPU on every event. The cost: a
     /// timed wait then ends in the kernel at its deadline, without the wake
-    /// word's early wake and spin (`LoopWakeState.wakeLead`), so a timer is
+    /// word's early wake and spin (`WakeLead`), so a timer is
     /// as late as the CPU is slow to wake. Any thread.
     package var waitsInKernelWhileRegistered: Bool {
         get { lock.withLock { kernelWaitWhileRegistered } }

@@ -37,16 +37,17 @@ final class LoopWakeState: @unchecked Sendable {
         AtomicMemory.increment(words + 3, ordering: .relaxed)
     }
 
-    /// How early a timed sleep ends so that the rest, spun, ends on time: an
-    /// idle core here takes ~20 µs to come back from a timed sleep, which made
-    /// 1 ms timers 25 µs late (like Foundation's). Costs at most this much
-    /// CPU per timed wake-up; an untimed sleep spins nothing.
-    static let wakeLead: Duration = .microseconds(40)
+    /// How early a timed sleep on the wake word ends, so that the rest,
+    /// spun, ends on time: as late as the kernel has recently been in ending
+    /// such sleeps on this machine (`WakeLead`). It starts at 40 µs, and is
+    /// at most 200 µs.
+    private var lead = WakeLead()
+    // Owner-only: read and updated by the registry's owner in its waits.
 
-    /// The deadline to sleep until for a wait that must end at `deadline`.
-    static func sleepDeadline(for deadline: MonotonicClock.Instant?) -> MonotonicClock.Instant? {
-        guard let deadline, !deadline.isDistantFuture else { return deadline }
-        return deadline.advanced(by: .zero - wakeLead)
+    /// The deadline to sleep until for a wait that must end at `deadline`;
+    /// nil for the distant future (an untimed sleep).
+    private func sleepDeadline(for deadline: MonotonicClock.Instant) -> MonotonicClock.Instant? {
+        deadline.isDistantFuture ? nil : deadline.advanced(by: .nanoseconds(-lead.nanoseconds))
     }
 
     /// Spins (bounded by `spinBeforeSleep`, or by `deadline` if it comes
@@ -126,7 +127,7 @@ final class LoopWakeState: @unchecked Sendable {
     /// The part of a wait that needs no kernel wait, for a registry that
     /// watches no descriptor (`descriptorsArmed` false): a short spin for a
     /// wake already on its way, then a sleep on the wake word that ends
-    /// `wakeLead` before `deadline`, and a spin for the rest. With
+    /// the learned lead (`WakeLead`) before `deadline`, and a spin for the rest. With
     /// descriptors armed it does nothing: the wait sleeps in the kernel at
     /// once. Call only with a wait that may block (a non-zero timeout).
     func waitBeforeKernel(until deadline: MonotonicClock.Instant?, descriptorsArmed: Bool) -> Prelude {
@@ -138,8 +139,16 @@ final class LoopWakeState: @unchecked Sendable {
             leaveSleep()
             return .woken
         }
-        if sleepOnFutex(until: Self.sleepDeadline(for: deadline)) { return .woken }
-        if let deadline, spinForWake(until: deadline, atMost: Self.wakeLead * 2) {
+        guard let deadline, let sleepUntil = sleepDeadline(for: deadline) else {
+            return sleepOnFutex(until: nil) ? .woken : .timedOut
+        }
+        // A deadline closer than the lead is spun for without a sleep.
+        if MonotonicClock.now < sleepUntil {
+            if sleepOnFutex(until: sleepUntil) { return .woken }
+            // The sleep timed out: learn how late the kernel ended it.
+            lead.learn(overshoot: sleepUntil.duration(to: MonotonicClock.now))
+        }
+        if spinForWake(until: deadline, atMost: .nanoseconds(WakeLead.maximum)) {
             leaveSleep()
             return .woken
         }
@@ -151,5 +160,46 @@ final class LoopWakeState: @unchecked Sendable {
             wakeRequests: AtomicMemory.load(from: words + 1),
             wakeSyscalls: AtomicMemory.load(from: words + 2),
             waitSyscalls: AtomicMemory.load(from: words + 3))
+    }
+}
+
+/// How early a loop's timed sleep ends, learned from how late the kernel
+/// ends such sleeps here.
+///
+/// A thread whose futex sleep times out runs again only once the kernel has
+/// switched it in: a few microseconds on an idle bare-metal core, 20–60 µs on
+/// a virtual CPU the host must wake. A loop that slept until its timer's
+/// deadline would fire every timer that late (as Foundation's run loop
+/// does), so the loop sleeps until `nanoseconds` before the deadline and
+/// spins the rest. A fixed lead is right for one machine only: too short and
+/// timers are late, too long and every timed wake-up spins for nothing. So
+/// the lead follows the slow end of the observed overshoots (how long after
+/// its requested end each timed-out sleep returned), plus a 2 µs margin: it
+/// rises by an eighth of the gap when a sleep overshoots it and falls by a
+/// sixty-fourth when one does not. Steady 55 µs wake-ups give 55–57 µs;
+/// 5 µs ones with a 50 µs one in ten settle near 26 µs. The CPU cost per timed wake-up is the spin: the lead minus
+/// that wake-up's own overshoot, at most `maximum`.
+struct WakeLead {
+    static let initial: Int64 = 40_000
+    static let minimum: Int64 = 2_000
+    static let maximum: Int64 = 200_000
+    static let margin: Int64 = 2_000
+
+    /// The estimate of the overshoot quantile, in nanoseconds.
+    private var estimate = initial - margin
+
+    /// How early to end a timed sleep, in nanoseconds.
+    var nanoseconds: Int64 { min(max(estimate + Self.margin, Self.minimum), Self.maximum) }
+
+    /// Learns from one timed-out sleep that returned `overshoot` after its
+    /// requested end. One preempted sleep (milliseconds late) moves the
+    /// estimate by at most an eighth of `maximum`.
+    mutating func learn(overshoot: Duration) {
+        let late = min(max(overshoot.nanosecondsSaturating, 0), Self.maximum)
+        if late > estimate {
+            estimate += (late - estimate + 7) / 8
+        } else {
+            estimate -= (estimate - late + 63) / 64
+        }
     }
 }
