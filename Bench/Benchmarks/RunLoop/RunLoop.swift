@@ -263,9 +263,12 @@ let benchmarks: @Sendable () -> Void = {
     })
     sideBySide(group: "loop.roundtrip", settings: roundTripSettings, implementations: roundTrip)
 
+    // CPU per firing beside the lateness: the process's, the benchmark
+    // thread's wake-up for each firing included (the same for every row),
+    // so a loop that buys punctuality by spinning shows what it pays.
     let latenessSettings = RunSettings(
         scalingFactor: .one, maxDuration: .seconds(2), maxIterations: 1_000, warmupIterations: 20,
-        reportedMetrics: [.timePerOperation])
+        reportedMetrics: [.timePerOperation, .cpuPerOperation])
     var lateness: [Implementation] = backends.map { kind in
         let name = kind == .ioUring ? "Spindle.iouring" : "Spindle.epoll"
         return Implementation(name, isReference: false) { benchmark in
