@@ -95,14 +95,17 @@ import Testing
         #expect(text.contains("synchronized(AuditLog)"), "\(text)")
     }
 
-    @Test func aReadWriteInversionIsACycleButReadersNeverWaitForReaders() async {
+    /// Readers queue behind a waiting writer: with `table` read-held by
+    /// the first thread and a writer waiting, the second thread's read
+    /// waits behind the writer while the first waits for `log`. So readers
+    /// in opposite orders are a cycle, as lockdep reports for an
+    /// `rw_semaphore`.
+    @Test func readersInOppositeOrdersAreACycleBecauseReadersQueueBehindWriters() async {
         let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
             LockOrder.enable()
             let table = ReadWriteLock()
             let log = Spindle.Lock()
             log.name = "log"
-            // Readers in both orders: two shared holds of `table` never wait
-            // for each other, so no cycle.
             startThread {
                 table.readLock()
                 log.lock()
@@ -112,12 +115,28 @@ import Testing
             startThread {
                 log.lock()
                 table.readLock()
-                table.readLock()  // read-read recursion: fine
-                table.readUnlock()
                 table.readUnlock()
                 log.unlock()
             }()
-            // A writer against the reader's order: a real cycle.
+        }
+        let text = stderrText(result)
+        #expect(text.contains("lock order: acquiring ReadWriteLock"), "\(text)")
+        #expect(text.contains("while holding Lock \"log\""), "\(text)")
+    }
+
+    /// A writer against a reader's order is a cycle too.
+    @Test func aWriterAgainstAReadersOrderIsACycle() async {
+        let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+            LockOrder.enable()
+            let table = ReadWriteLock()
+            let log = Spindle.Lock()
+            log.name = "log"
+            startThread {
+                table.readLock()
+                log.lock()
+                log.unlock()
+                table.readUnlock()
+            }()
             startThread {
                 log.lock()
                 table.writeLock()
@@ -128,6 +147,38 @@ import Testing
         let text = stderrText(result)
         #expect(text.contains("lock order: acquiring ReadWriteLock"), "\(text)")
         #expect(text.contains("while holding Lock \"log\""), "\(text)")
+    }
+
+    /// Taking a read lock again while holding it for reading deadlocks as
+    /// soon as a writer waits between the two (`ReadWriteLock` prefers
+    /// writers): reported at the second acquisition, before it can wait.
+    @Test func aReadLockTakenAgainForReadingIsASelfDeadlock() async {
+        let result = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+            LockOrder.enable()
+            let table = ReadWriteLock()
+            table.readLock()
+            table.readLock()
+        }
+        let text = stderrText(result)
+        #expect(text.contains("lock order: ReadWriteLock"), "\(text)")
+        #expect(text.contains("for reading again by the thread that holds it for reading"), "\(text)")
+    }
+
+    /// Readers and writers in one consistent order report nothing.
+    @Test func readersAndWritersInOneOrderReportNothing() async {
+        await #expect(processExitsWith: .success) {
+            LockOrder.enable()
+            let table = ReadWriteLock()
+            let log = Spindle.Lock()
+            runThreads(2) { i in
+                for _ in 0..<1_000 {
+                    if i == 0 { table.readLock() } else { table.writeLock() }
+                    log.lock()
+                    log.unlock()
+                    if i == 0 { table.readUnlock() } else { table.writeUnlock() }
+                }
+            }
+        }
     }
 
     @Test func aCycleThroughAsyncLocksIsReportedBeforeTheTaskSuspends() async {

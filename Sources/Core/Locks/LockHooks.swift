@@ -47,7 +47,17 @@ enum LockHooks {
         /// Held by a task, not a thread (`AsyncLock`).
         @inlinable static var task: UInt8 { 4 }
 
+        /// A shared hold that queues behind a waiting writer (a
+        /// writer-preferring lock's read): it can wait for another shared
+        /// hold of the same lock, through the writer between them.
+        @inlinable static var queuesBehindWriters: UInt8 { 8 }
+
         @inlinable var isShared: Bool { options & Self.shared != 0 }
+        /// A shared hold that never waits for another shared hold (lockdep's
+        /// recursive reader): a writer-preferring lock's reads are not.
+        @inlinable var neverWaitsForReaders: Bool {
+            options & (Self.shared | Self.queuesBehindWriters) == Self.shared
+        }
         @inlinable var isTaskHeld: Bool { options & Self.task != 0 }
         @inlinable var isRecursive: Bool { options & Self.recursive != 0 }
 
@@ -57,7 +67,7 @@ enum LockHooks {
         @inlinable static var condition: Kind { Kind("Condition") }
         @inlinable static var conditionLock: Kind { Kind("ConditionLock") }
         @inlinable static var spinLock: Kind { Kind("SpinLock") }
-        @inlinable static var readLock: Kind { Kind("ReadWriteLock", shared) }
+        @inlinable static var readLock: Kind { Kind("ReadWriteLock", shared | queuesBehindWriters) }
         @inlinable static var writeLock: Kind { Kind("ReadWriteLock") }
         @inlinable static var synchronized: Kind { Kind("synchronized", recursive) }
         @inlinable static var asyncLock: Kind { Kind("AsyncLock", task) }

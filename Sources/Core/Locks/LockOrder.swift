@@ -31,13 +31,18 @@ import Synchronization
 ///   (a 64-bit key of the held locks and the new one, lockdep's chain key):
 ///   a nesting seen before costs one hash-set look-up and no global lock.
 ///
-/// Shared holds follow lockdep's rule for recursive readers: a cycle is a
-/// deadlock unless, at some lock of it, both the hold that waits and the
-/// hold that is waited for are shared (two readers never wait for each
-/// other); a thread may take a read lock again while it holds it for
-/// reading. A `RecursiveLock` or `synchronized` object taken again by its
-/// holder is recursion, not a cycle; any other lock taken again by its
-/// holder is a self-deadlock and is reported as one. A `tryLock` never
+/// Read holds follow lockdep's rule for non-recursive readers (its
+/// `rw_semaphore`): `ReadWriteLock` lets a waiting writer in before new
+/// readers, so a read acquisition can wait for a read hold (through the
+/// writer queued between them). A read hold therefore counts as an
+/// exclusive one in a cycle, and a thread that takes a read lock again
+/// while it holds it for reading is reported as a self-deadlock. (The graph
+/// keeps lockdep's exemption for readers that never wait for readers, a
+/// cycle crossing such a lock read against read being no deadlock, for a
+/// lock kind that has them; none of Spindle's does.) A `RecursiveLock` or
+/// `synchronized` object taken again by its holder is recursion, not a
+/// cycle; any other lock taken again by its holder is a self-deadlock and
+/// is reported as one. A `tryLock` never
 /// waits, so it closes no cycle, but what is acquired while holding it
 /// orders after it. A timed acquisition is checked as a blocking one (an
 /// inversion that only a time-out resolves is still a bug).
@@ -220,15 +225,17 @@ public enum LockOrder {
     static func deepened(_ id: UInt, _ kind: LockHooks.Kind, in held: inout [Held], checkOnly: Bool = true) -> Bool {
         guard let index = held.lastIndex(where: { $0.id == id }) else { return false }
         let hold = held[index]
-        if kind.isRecursive || (kind.isShared && hold.kind.isShared) {
+        if kind.isRecursive || (kind.neverWaitsForReaders && hold.kind.neverWaitsForReaders) {
             held[index].depth += 1
             return true
         }
         if !checkOnly { return false }
         let name = label(id, kind.name, hold.objectType)
-        let how = hold.kind.isShared ? " for reading" : ""
-        misuse(
-            "lock order: \(name) is acquired again by the thread that holds it\(how): it would wait for itself forever (self-deadlock). \(describe(Backtrace.captureSites(), "This acquisition"))")
+        let why =
+            kind.isShared && hold.kind.isShared
+            ? "for reading again by the thread that holds it for reading: readers queue behind a waiting writer, so a writer that comes between the two acquisitions waits for the first while the second waits for it (self-deadlock)"
+            : "again by the thread that holds it\(hold.kind.isShared ? " for reading" : ""): it would wait for itself forever (self-deadlock)"
+        misuse("lock order: \(name) is acquired \(why). \(describe(Backtrace.captureSites(), "This acquisition"))")
     }
 
     // MARK: The check
@@ -251,9 +258,12 @@ public enum LockOrder {
         graph.withLock { graph in
             if graph.nodes[id] == nil { graph.nodes[id] = Node(kind: kind.name, objectType: objectType) }
             for hold in held where hold.id != id {
-                let bit = modeBit(fromShared: hold.kind.isShared, toShared: kind.isShared)
+                let bit = modeBit(fromShared: hold.kind.neverWaitsForReaders, toShared: kind.neverWaitsForReaders)
                 if let edge = graph.nodes[hold.id]?.out[id], edge.modes & bit != 0 { continue }
-                if let path = findPath(in: graph, from: id, arrivingShared: kind.isShared, to: hold.id, heldShared: hold.kind.isShared) {
+                if let path = findPath(
+                    in: graph, from: id, arrivingShared: kind.neverWaitsForReaders, to: hold.id,
+                    heldShared: hold.kind.neverWaitsForReaders)
+                {
                     cycle = path
                     cycleClosing = hold
                     return
