@@ -82,10 +82,70 @@ struct WorkQueueMisuseTests {
     /// `MisuseProbe`, a small executable built beside the tests, started as
     /// a child process with nothing else on its main thread.
     @Test func syncOntoTheMainQueueFromTheMainThread() throws {
+        let text = try runMisuseProbe("sync-main-from-main")
+        #expect(text.contains(
+            "WorkQueue.sync(_:) onto 'spindle.main' on the main thread: the main queue runs its items on this thread, which would wait for itself forever"),
+            "the probe's standard error: \(text)")
+    }
+
+    /// A queue of one's own that targets the main queue, `sync` on the main
+    /// thread outside any item: its item could only run on this thread.
+    @Test func syncOntoAQueueTargetingTheMainQueueFromTheMainThread() throws {
+        let text = try runMisuseProbe("sync-main-chain-from-main")
+        #expect(text.contains(
+            "WorkQueue.sync(_:) onto 'probe.onMain' on the main thread: the main queue (the target of 'probe.onMain') runs its items on this thread"),
+            "the probe's standard error: \(text)")
+    }
+
+    @Test func applyOntoAQueueTargetingTheMainQueueFromTheMainThread() throws {
+        let text = try runMisuseProbe("apply-main-chain-from-main")
+        #expect(text.contains(
+            "WorkQueue.apply(iterations:) onto 'probe.onMain' on the main thread: the main queue (the target of 'probe.onMain')"),
+            "the probe's standard error: \(text)")
+    }
+
+    /// A barrier on a concurrent queue runs alone: `sync` onto a queue that
+    /// targets it would queue an item there that cannot start until the
+    /// barrier returns.
+    @Test func syncFromABarrierOntoAQueueTargetingItsQueue() async {
+        let r = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+            let shared = WorkQueue(label: "misuse.shared", kind: .concurrent)
+            let child = WorkQueue(label: "misuse.child", target: shared)
+            shared.asyncBarrier { child.sync {} }
+            Latch().wait(seconds: 30)
+        }
+        #expect(stderr(r).contains(
+            "WorkQueue.sync(_:) onto 'misuse.child' through its target chain ('misuse.shared') from a barrier running on 'misuse.shared'"))
+    }
+
+    @Test func applyFromABarrierOntoAQueueTargetingItsQueue() async {
+        let r = await #expect(processExitsWith: .failure, observing: [\.standardErrorContent]) {
+            let shared = WorkQueue(label: "misuse.shared", kind: .concurrent)
+            let child = WorkQueue(label: "misuse.child", kind: .concurrent, target: shared)
+            shared.asyncBarrier { child.apply(iterations: 8) { _ in } }
+            Latch().wait(seconds: 30)
+        }
+        #expect(stderr(r).contains(
+            "WorkQueue.apply(iterations:) onto 'misuse.child' through its target chain ('misuse.shared') from a barrier running on 'misuse.shared'"))
+    }
+
+    /// Not a barrier: an ordinary item of the concurrent queue may `sync`
+    /// onto a queue that targets it (the item runs beside the caller).
+    @Test func syncFromAnOrdinaryItemOntoAQueueTargetingItsQueueRuns() {
+        let shared = WorkQueue(label: "misuse.shared", kind: .concurrent)
+        let child = WorkQueue(label: "misuse.child", target: shared)
+        let ran = LockedValue(false)
+        shared.sync { child.sync { ran.withLock { $0 = true } } }
+        #expect(ran.withLock { $0 })
+    }
+
+    /// Runs `MisuseProbe` with `argument` as a child process; expects it to
+    /// stop, and returns its standard error.
+    private func runMisuseProbe(_ argument: String) throws -> String {
         let probe = try misuseProbe()
         let child = Process()
         child.executableURL = probe
-        child.arguments = ["sync-main-from-main"]
+        child.arguments = [argument]
         let errors = Pipe()
         child.standardError = errors
         child.standardOutput = FileHandle.nullDevice
@@ -93,9 +153,7 @@ struct WorkQueueMisuseTests {
         let text = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
         child.waitUntilExit()
         #expect(child.terminationReason == .uncaughtSignal || child.terminationStatus != 0, "the probe returned: \(text)")
-        #expect(text.contains(
-            "WorkQueue.sync(_:) onto 'spindle.main' on the main thread: the main queue runs its items on this thread, which would wait for itself forever"),
-            "the probe's standard error: \(text)")
+        return text
     }
 
     /// The `MisuseProbe` executable of this build: `swift build

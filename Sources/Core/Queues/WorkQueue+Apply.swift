@@ -47,8 +47,10 @@ extension WorkQueue {
     /// Called from an item of the queue itself (or from one of its
     /// iterations), `apply` runs at once, as `sync` does there. Stops the
     /// process for a negative count or stride, and, with `sync`'s message
-    /// naming `apply`, when the caller runs on the queue (serial) or on a
-    /// serial queue along its target chain: it would wait for itself.
+    /// naming `apply`, when the caller runs on the queue (serial), on a
+    /// serial queue along its target chain or as a barrier on a queue along
+    /// it, or on the main thread for a queue that runs on the main queue:
+    /// it would wait for itself.
     public func apply(iterations: Int, stride: Int? = nil, _ body: @Sendable (Int) -> Void) {
         require(iterations >= 0, "WorkQueue.apply(iterations:): `iterations` is \(iterations); it must be 0 or more")
         if let stride {
@@ -60,7 +62,7 @@ extension WorkQueue {
             let plan = ApplyPlan(iterations: iterations, stride: stride, threads: effectivePool.width)
             return QueueFrame.with(self) { applyOnPool(plan, helpers: plan.helpers, root: self, body) }
         }
-        if cshims_queue_frame() != nil || isMain {
+        if cshims_queue_frame() != nil || isMain || NativeThread.isMainThread {
             // Inside an item of this concurrent queue `sync` runs at once;
             // anywhere else, refuse what would wait for the caller.
             if kind == .serial || !QueueFrame.contains(self) {

@@ -16,9 +16,10 @@ extension WorkQueue {
     /// nothing it captures is used by two threads at once.
     ///
     /// Stops the process with a message naming the queue if the caller runs
-    /// on this serial queue or one along its target chain (it would wait for
-    /// itself forever), or calls it on the main thread for a queue that runs
-    /// on the main queue.
+    /// on this serial queue or one along its target chain, or is a barrier
+    /// running on a queue along that chain (it would wait for itself
+    /// forever), or calls it on the main thread for a queue that runs on the
+    /// main queue.
     @inlinable
     @available(*, noasync, message: "blocks the thread until the queue runs the item; in async code use `try await performReturning { ... }`")
     public func sync<T, E: Error>(_ body: () throws(E) -> T) throws(E) -> T {
@@ -53,6 +54,10 @@ extension WorkQueue {
             requireNoDeadlock(barrier ? "syncBarrier(_:)" : "sync(_:)", barrier: barrier)
         }
         if runClaimed(barrier: exclusive, body) { return }
+        // The slow path: on the main thread, a queue whose chain reaches the
+        // main queue would wait for this thread (checked here, off the fast
+        // path, which never succeeds for such a queue).
+        if NativeThread.isMainThread { requireNoDeadlock(barrier ? "syncBarrier(_:)" : "sync(_:)", barrier: barrier) }
         runQueued(barrier: exclusive, body)
     }
 
@@ -69,12 +74,26 @@ extension WorkQueue {
                 }
                 return
             }
-            if (queue.kind == .serial || (barrier && queue === self)) && QueueFrame.contains(queue) {
+            if QueueFrame.contains(queue) {
                 let via = queue === self ? "" : " through its target chain ('\(queue.label)')"
-                misuse("WorkQueue.\(api) onto '\(label)'\(via) from an item running on '\(queue.label)': the queue would wait for the caller, which waits for the queue; this deadlock is refused")
+                if queue.kind == .serial || (barrier && queue === self) {
+                    misuse("WorkQueue.\(api) onto '\(label)'\(via) from an item running on '\(queue.label)': the queue would wait for the caller, which waits for the queue; this deadlock is refused")
+                }
+                // A barrier runs alone: the caller inside the queue while a
+                // barrier runs is that barrier.
+                if queue.isRunningBarrier {
+                    misuse("WorkQueue.\(api) onto '\(label)'\(via) from a barrier running on '\(queue.label)': nothing else runs on the queue until the barrier returns, and the barrier would wait for it; this deadlock is refused")
+                }
             }
             next = queue.target
         }
+    }
+
+    /// Whether a barrier item runs on the queue now.
+    private var isRunningBarrier: Bool {
+        lockQueue()
+        defer { lock.unlock() }
+        return barrierActive
     }
 
     /// A concurrent queue the caller already runs on: run now.
