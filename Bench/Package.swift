@@ -53,7 +53,8 @@ let package = Package(
 // folder. Adding a benchmark target is adding its folder and its name here.
 // Each one can use Spindle, BenchSupport, package-benchmark and the peers above.
 let benchmarkFolders = [
-    "Atomics", "Concurrency", "Conditions", "EventSources", "Jobs", "Locks", "Ports", "Queues", "RunLoop", "Threads",
+    "Atomics", "Concurrency", "Conditions", "EventSources", "Jobs", "LockOrder", "Locks", "Ports", "Queues", "RunLoop",
+    "Threads",
 ]
 
 // Peers that only some targets measure against, by folder.
