@@ -7,10 +7,12 @@ import Glibc
 /// of the process. It waits for what neither a loop nor the pool's poller
 /// can: the process-wide mechanisms of sources whose handlers run on loops
 /// (the signals' eventfd and an inotify instance: a loop cannot wait for a
-/// process-wide descriptor itself), the clock-set notice of wall-clock
-/// timers, and the pool poller's watchdog timer. Sources on work queues are
-/// not here: an idle pool worker waits for them in the poller and runs
-/// their calls itself (`PoolPoller`). See "The event driver" in the
+/// process-wide descriptor itself) and the clock-set notice of wall-clock
+/// timers. Sources on work queues are not here: an idle pool worker waits
+/// for them in the poller and runs their calls itself, and while every
+/// worker computes the pool's monitor polls it (`PoolPoller`); a program
+/// that uses only queues and queue sources (and no wall-clock timer) never
+/// starts this thread. See "The event driver" in the
 /// documentation for where each kind of watch lives.
 ///
 /// What runs on this thread is short: merging an event into its source and
@@ -69,6 +71,5 @@ enum EventReactor {
         FileSystemWatch.Registry.reactor.childAfterFork()
         TimerQueue.shared.childAfterFork()
         TimerWatch.WallClockRegistry.shared.childAfterFork()
-        PollerWatchdog.shared.childAfterFork()
     }
 }

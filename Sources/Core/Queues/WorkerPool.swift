@@ -258,15 +258,26 @@ final class WorkerPool: PoolPoller.Workers, @unchecked Sendable {
             && AtomicMemory.load(from: active, ordering: .sequentiallyConsistent) < width
     }
 
-    /// The poller needs a holder (`PoolPoller.Workers`): `wakeOne()`.
-    func wakeForPoller() { wakeOne() }
+    /// The poller needs a holder (`PoolPoller.Workers`): wakes an idle
+    /// worker, or starts one, if a permit is free, even while another worker
+    /// searches: a searcher may find work and run it instead of parking
+    /// into the poller, and the holder that hands the poller on (the eager
+    /// hand-off, `PoolPoller.release`) is itself a searcher about to run
+    /// what it found. With every permit taken this is one load and no lock
+    /// (a busy worker's poll every 61st unit ends here).
+    func wakeForPoller() {
+        guard AtomicMemory.load(from: active, ordering: .sequentiallyConsistent) < width else { return }
+        wakeOne(evenIfSearching: true)
+    }
 
     /// Under the lock, re-checks and hands a permit to an idle worker, or
     /// starts a worker when none is idle. `filler`: the worker whose slot
     /// was just filled, if that is why (see `PoolWorker.wakeHint`).
-    func wakeOne(forSlotOf filler: PoolWorker? = nil) {
+    /// `evenIfSearching`: wake although a worker is searching (for the
+    /// poller, see `wakeForPoller`).
+    func wakeOne(forSlotOf filler: PoolWorker? = nil, evenIfSearching: Bool = false) {
         lock.lock()
-        guard AtomicMemory.load(from: searching, ordering: .relaxed) == 0,
+        guard evenIfSearching || AtomicMemory.load(from: searching, ordering: .relaxed) == 0,
               AtomicMemory.load(from: active, ordering: .relaxed) < width
         else {
             lock.unlock()
