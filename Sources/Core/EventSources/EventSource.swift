@@ -483,6 +483,14 @@ public final class EventSource: @unchecked Sendable, CustomStringConvertible {
     /// and a watch that is not (or no longer) anywhere. A test's view.
     package var watchPlacementName: String? { watch?.placementName }
 
+    /// Runs `probe` in every move of a file-system source's watch
+    /// (`setTarget`), between joining the new place and leaving the old
+    /// one; nil removes it. A test's hook: a change made there must be
+    /// delivered after the move.
+    package static func setFileSystemMoveProbe(_ probe: (@Sendable () -> Void)?) {
+        FileSystemWatch.moveProbe.withLock { $0 = probe }
+    }
+
     /// Ends a registration or event call and submits the next one, if any.
     private func finishCall() {
         state.bitwiseAnd(~State.scheduled, ordering: .sequentiallyConsistent)
