@@ -47,7 +47,6 @@ enum EventReactor {
         // Workers re-arm its watches while it waits: it stays in
         // epoll_wait, where each re-arm reaches it with no wake-up.
         started.loop.registry.waitsInKernelWhileRegistered = true
-        ForkHandlers.install()
         thread = started
         return started.loop
     }
@@ -56,6 +55,24 @@ enum EventReactor {
     static func existingLoop() -> ThreadLoop? {
         lock.withLock { thread?.loop }
     }
+
+    /// The event sources' fork handlers (`ForkHandlers`), registered with
+    /// the first event source. In the parent: make every registry the child
+    /// handler resets. In the child: `childAfterFork`.
+    static let forkHandlersRegistered: Void = {
+        ForkHandlers.register(
+            .eventSources,
+            prepare: {
+                _ = SignalWatch.Registry.observers
+                _ = SignalWatch.Registry.pool
+                _ = SignalWatch.Registry.reactor
+                _ = FileSystemWatch.Registry.pool
+                _ = FileSystemWatch.Registry.reactor
+                _ = TimerQueue.shared
+                _ = TimerWatch.WallClockRegistry.shared
+            },
+            child: { _ in EventReactor.childAfterFork() })
+    }()
 
     /// In a child after `fork()`: the reactor's thread is the parent's; the
     /// child's next source starts its own. The parent's loop object is left

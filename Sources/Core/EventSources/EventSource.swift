@@ -131,6 +131,8 @@ public final class EventSource: @unchecked Sendable, CustomStringConvertible {
     private enum Call { case registration, event, cancel }
 
     init(kind: Kind, handle: Int32, mask: UInt64, target: Target, watch: (any SourceWatch)?) {
+        // Before the first watch can exist in a child.
+        _ = EventReactor.forkHandlersRegistered
         self.kind = kind
         self.handle = handle
         self.mask = mask

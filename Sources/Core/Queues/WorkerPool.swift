@@ -196,7 +196,7 @@ final class WorkerPool: PoolPoller.Workers, @unchecked Sendable {
         defaultInjector = WorkRing(capacity: 1024, publishesCount: true)
         injectorCounts = [highInjector.publishedCount, defaultInjector.publishedCount]
         words = allocateStableWords(byteCount: 256)
-        ForkHandlers.install()
+        _ = Self.forkHandlersRegistered
         if band == .standard { poller = makeImmortal(PoolPoller(pool: self)) }
         monitor = makeImmortal(PoolMonitor(pool: self))
     }
@@ -394,11 +394,41 @@ final class WorkerPool: PoolPoller.Workers, @unchecked Sendable {
 
     // MARK: Fork
 
+    /// The queues' fork handlers (`ForkHandlers`), registered with the first
+    /// pool or delayed item. In the parent: make every pool, the main queue
+    /// and the delayed-work thread's state now, and run on nothing the code
+    /// the child runs, so that the child makes no lazy global and no type
+    /// metadata. In the child: the pools start again without their workers,
+    /// the main queue is repaired, and what the forking thread holds of the
+    /// queues whose items it runs is noted for the child's epoch.
+    static let forkHandlersRegistered: Void = {
+        ForkHandlers.register(
+            .queues,
+            prepare: {
+                _ = WorkerPool.standard
+                _ = WorkerPool.low
+                _ = WorkerPool.background
+                _ = WorkQueue.main
+                _ = DelayedWork.shared
+                WorkerPool.prepareForFork()
+                // The walk the child makes, made here first (epoch 0
+                // records nothing).
+                QueueFrame.noteHoldingsAfterFork(epoch: 0)
+            },
+            child: { epoch in
+                WorkerPool.childAfterForkAll()
+                WorkQueue.main.childAfterFork()
+                QueueFrame.noteHoldingsAfterFork(epoch: epoch)
+                DelayedWork.shared.childAfterFork()
+            })
+    }()
+
     /// Every pool, in a child after `fork()`.
     static func childAfterForkAll() {
         // One by one, not through an array literal: the child must not
         // allocate type metadata (see `ForkHandlers`), and the three pools
-        // exist already (`ForkHandlers.prepare` made them in the parent).
+        // exist already (the queues' prepare handler made them in the
+        // parent, see `forkHandlersRegistered`).
         standard.childAfterFork()
         low.childAfterFork()
         background.childAfterFork()
