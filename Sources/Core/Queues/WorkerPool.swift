@@ -65,9 +65,11 @@ import CShims
 /// - **Event sources.** While the descriptors or timers of sources on work
 ///   queues are watched, one parked worker of the standard pool waits in
 ///   the pool's poller (`PoolPoller`, Tokio's I/O driver) instead of on its
-///   futex, and runs the calls of what it finds itself; busy workers poll
-///   it every 61st look and when they run dry. A waker prefers a parked
-///   worker that is not the poller's.
+///   futex, and runs the calls of what it finds itself, after it woke
+///   another parked worker to hold the poller in its place (Tokio's eager
+///   driver hand-off); busy workers poll it every 61st look and when they
+///   run dry, and while every worker computes the monitor polls it. A
+///   waker prefers a parked worker that is not the poller's.
 ///
 /// **On many cores.** A submission from a worker writes only that
 /// worker's own lines (its ring's tail or its slot's word) and reads two
