@@ -485,6 +485,11 @@ public final class EventSource: @unchecked Sendable, CustomStringConvertible {
     /// and a watch that is not (or no longer) anywhere. A test's view.
     package var watchPlacementName: String? { watch?.placementName }
 
+    /// Whether an event has been merged into the source and its call has
+    /// not yet taken it (stale at once). A test's view: the event was taken
+    /// from the kernel, whether or not a thread is free to run the call.
+    package var hasPendingEvent: Bool { state.load(ordering: .acquiring) & State.pending != 0 }
+
     /// Runs `probe` in every move of a file-system source's watch
     /// (`setTarget`), between joining the new place and leaving the old
     /// one; nil removes it. A test's hook: a change made there must be
