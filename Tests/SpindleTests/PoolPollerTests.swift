@@ -28,7 +28,10 @@ struct PoolPollerTests {
     /// from the kernel (merged into its source, its call queued) by a poll
     /// made while nobody held the poller, and the handler runs once they
     /// stop. With no such poll the items would compute until their 30 s
-    /// safety bound and the check fails.
+    /// safety bound and the check fails (seen with the monitor's poll taken
+    /// out). Which thread polled is not checked: in a run beside other
+    /// tests, a worker beyond the width (back from a blocking wait) may
+    /// poll first.
     @Test func anEventWhileEveryWorkerComputesIsTakenFromTheKernel() throws {
         var pair: [Int32] = [0, 0]
         try #require(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &pair) == 0)
@@ -47,7 +50,6 @@ struct PoolPollerTests {
         let started = Latch(width)
         let release = LockedValue(false)
         let pendingSeen = LockedValue(0)
-        let before = WorkQueue.poolPollerUnattendedPolls
         let group = WorkGroup()
         let queue = WorkQueue.global()
         for _ in 0..<width {
@@ -69,7 +71,6 @@ struct PoolPollerTests {
         release.withLock { $0 = true }
         #expect(group.wait(timeout: .seconds(60)) == .completed)
         #expect(taken, "the event was not taken from the kernel while every worker computed")
-        #expect(WorkQueue.poolPollerUnattendedPolls > before, "no poll of the unheld poller found anything")
         #expect(handled.wait(timeout: .seconds(10)) == .completed, "the handler never ran")
     }
 

@@ -107,17 +107,14 @@ final class PoolPoller: @unchecked Sendable {
     /// Registrations plus pending timer entries: whether a worker should
     /// wait here at all. Atomic; stale at once.
     private let watchCount: UnsafeMutablePointer<Int>
-    /// Polls made by `pollIfUnheld` that found something (tests).
-    private let unattendedPollsWord: UnsafeMutablePointer<Int>
     /// The holder's reports of its current wait.
     private var events: [ReadyEvent] = []
 
     init(pool: any Workers) {
         self.pool = pool
-        let words = allocateStableWords(byteCount: 192)
+        let words = allocateStableWords(byteCount: 128)
         holdWord = words.assumingMemoryBound(to: Int.self)
         watchCount = (words + 64).assumingMemoryBound(to: Int.self)
-        unattendedPollsWord = (words + 128).assumingMemoryBound(to: Int.self)
     }
 
     // MARK: Registrations (any thread)
@@ -224,13 +221,8 @@ final class PoolPoller: @unchecked Sendable {
         guard wantsHolder, tryHold() else { return false }
         let ran = waitAndDispatch(block: false)
         release()
-        if ran { AtomicMemory.add(1, to: unattendedPollsWord, ordering: .relaxed) }
         return ran
     }
-
-    /// Polls by `pollIfUnheld` that ran something, since the process
-    /// started (or forked); stale at once.
-    var unattendedPolls: Int { AtomicMemory.load(from: unattendedPollsWord, ordering: .relaxed) }
 
     /// Whether anything is watched (stale at once).
     var isWatching: Bool { AtomicMemory.load(from: watchCount, ordering: .sequentiallyConsistent) > 0 }

@@ -306,10 +306,6 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     /// takes one every 10 ms while a worker runs, none while all are parked.
     package static var poolMonitorLooks: Int { WorkerPool.standard.monitor.looks }
 
-    /// Polls of the standard pool's poller, taken by its monitor while
-    /// nobody held it (every worker computing), that found something.
-    package static var poolPollerUnattendedPolls: Int { WorkerPool.standard.poller?.unattendedPolls ?? 0 }
-
     /// How many workers each pool keeps: `Topology.availableCPUCount`.
     package static var poolWidth: Int { WorkerPool.standard.width }
 
