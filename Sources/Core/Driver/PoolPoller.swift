@@ -256,7 +256,7 @@ final class PoolPoller: @unchecked Sendable {
     /// waker does nothing, and the pool's monitor polls instead.
     func release() {
         AtomicMemory.store(0, to: holdWord, ordering: .sequentiallyConsistent)
-        if isWatching { pool.wakeForPoller() }
+        if wantsHolder { pool.wakeForPoller() }
     }
 
     /// Holder only: waits for a report, a due timer, a wake or `notAfter`
