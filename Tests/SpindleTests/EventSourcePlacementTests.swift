@@ -55,6 +55,61 @@ struct EventSourcePlacementTests {
         #expect(calls.map(\.1) == [false, true])
     }
 
+    /// A file-system source moved from a queue to a loop (on each backend)
+    /// and back: a write made in the middle of each move, after the watch
+    /// joined its new place and before it left the old one, is delivered
+    /// after the move, on the new target. (A move used to leave one
+    /// inotify instance before joining the other, and lost such a write,
+    /// and whatever the old instance had queued.)
+    /// One backend after the other, in one test: the probe is process-wide.
+    @Test func fileSystemEventsDuringAMoveAreDelivered() throws {
+        for kind in availableBackends { try moveWhileWriting(kind) }
+    }
+
+    private func moveWhileWriting(_ kind: EventBackendKind) throws {
+        let thread = try LoopThread.start(name: "placement.move", backend: kind)
+        defer { thread.loop.stop(); _ = try? thread.join() }
+        let path = scratchPath("placement-move-\(kind)")
+        #expect(writeFile(path, pattern(10)))
+        defer { unlink(path) }
+        let fd = open(path, O_RDWR)
+        try #require(fd >= 0)
+        defer { close(fd) }
+        let onLoop = LockedValue(0)
+        let onQueue = LockedValue(0)
+        let loop = thread.loop
+        let source = try EventSource.fileSystemObject(
+            descriptor: fd, events: .write, on: .queue(WorkQueue(label: "placement.move")))
+        source.setEventHandler { s in
+            guard s.fileEvents.contains(.write) else { return }
+            if ThreadLoop.current === loop { onLoop.withLock { $0 += 1 } } else { onQueue.withLock { $0 += 1 } }
+        }
+        source.activate()
+        defer { source.cancel() }
+        let probed = LockedValue(0)
+        EventSource.setFileSystemMoveProbe {
+            if pwrite(fd, "m", 1, 0) == 1 { probed.withLock { $0 += 1 } }
+        }
+        defer { EventSource.setFileSystemMoveProbe(nil) }
+
+        source.setTarget(.loop(loop))
+        #expect(source.watchPlacementName == "reactor")
+        #expect(probed.withLock { $0 } >= 1, "the move did not run the probe")
+        #expect(eventually { onLoop.withLock { $0 } >= 1 }, "the write made during the move to the \(kind) loop was lost")
+
+        // Calls around a move may run on either target: let the first
+        // move's reports (twice at worst) run out, behind a marker write
+        // made after it, before the second move.
+        let beforeMarker = onLoop.withLock { $0 }
+        #expect(pwrite(fd, "k", 1, 2) == 1)
+        #expect(eventually { onLoop.withLock { $0 } > beforeMarker }, "a write after the move to the \(kind) loop was lost")
+        let queued = onQueue.withLock { $0 }
+        source.setTarget(.queue(WorkQueue(label: "placement.move.back")))
+        #expect(source.watchPlacementName == "pool")
+        #expect(probed.withLock { $0 } >= 2, "the move did not run the probe")
+        #expect(eventually { onQueue.withLock { $0 } > queued }, "the write made during the move to the queue was lost")
+    }
+
     /// A process source: in the pool for a queue, in the loop's own backend
     /// for a loop (moved there before the child exits); the exit is
     /// reported once, on the loop, and the watch is then nowhere.

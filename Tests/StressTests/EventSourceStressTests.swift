@@ -249,7 +249,7 @@ struct EventSourceStressTests {
     /// handler: `WorkerPool.childAfterForkAll` made type metadata (an array
     /// literal) under the Swift runtime's lock, which another thread of the
     /// parent may hold at the fork (about once in 10 runs of this suite).
-    /// `ForkHandlers.prepare` now makes everything the handler touches
+    /// The layers' prepare handlers (`ForkHandlers`) now make everything the handler touches
     /// before the fork, and the handler allocates no metadata. A child that
     /// never returns from `fork()` is diagnosed in the report (wait channel,
     /// stack) and fails the test.

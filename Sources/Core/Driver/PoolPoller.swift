@@ -15,20 +15,23 @@ import Synchronization
 /// the pool wakes a worker that holds the poller through the registry's wake
 /// word instead of its futex (`PoolWorker.unpark`).
 ///
-/// **While every worker is busy** nobody waits in the poller. A worker
-/// polls it without blocking every 61st unit it takes (Tokio's
-/// `event_interval`) and when it runs dry, and the first worker to park
-/// waits in it again. For items that compute for long, a watchdog (Go's
-/// `sysmon`): a release that leaves the poller unheld while something is
-/// watched arms a one-shot timer (`watchdogInterval`, unless one is armed
-/// already), and when it expires the event sources' reactor thread polls
-/// the poller if still nobody holds it, hands what it finds to the pool
-/// the ordinary way, wakes an idle worker to hold it, and arms itself
-/// again; once it finds the poller held it goes quiet. So an event waits at
-/// most about `watchdogInterval` for a poll while a CPU is free or the
-/// workers compute, and a steady stream of events costs the reactor one
-/// wake-up per interval at most, none while idle. A worker that enters a
-/// blocking wait while the poller is unheld also wakes another to hold it.
+/// **Nobody left at the poller.** A holder that finds events gives the
+/// poller up before it runs what it found, and on the way wakes a parked
+/// worker (or starts one, within the pool's width) to hold it in its place:
+/// the eager hand-off of Tokio 1.52 (tokio-rs/tokio#8010), so the driver is
+/// never left unattended while a CPU is free. Busy workers poll it without
+/// blocking every 61st unit they take (Tokio's `event_interval`) and when
+/// they run dry, and the first worker to park waits in it again. The one
+/// case the hand-off cannot cover is every worker computing, with no permit
+/// free to hand it to: then the pool's monitor (`PoolMonitor`, Go's
+/// `sysmon`, armed whenever a worker runs) polls the poller at each of its
+/// looks if nobody holds it (`pollIfUnheld`), hands what it finds to the
+/// pool the ordinary way and wakes a worker to hold it, so an event waits
+/// at most one monitor period (10 ms) to be taken from the kernel. Its
+/// call then waits, like any queued unit, for a worker to finish what it
+/// computes. No thread of the event driver's own runs for queue sources.
+/// A worker that enters a blocking wait while the poller is unheld also
+/// wakes another to hold it.
 /// Every kind of queue source waits here: descriptors, timers (the
 /// `TimerQueue` heap), process exits (their pidfds), and the process-wide
 /// descriptors of the queue sources' signal and file-system registries
@@ -43,7 +46,7 @@ import Synchronization
 /// consistent store of one word, so each holder sees what the one before it
 /// did).
 final class PoolPoller: @unchecked Sendable {
-    // @unchecked: `state`, `timers` and `watchdog` are set under `lock`; a
+    // @unchecked: `state` and `timers` are set under `lock`; a
     // `State` guards its own handlers with `lock` too; `events` is the
     // holder's; the words are atomic.
 
@@ -55,19 +58,6 @@ final class PoolPoller: @unchecked Sendable {
         /// Fires every entry that is due; true if any fired.
         func fireDue() -> Bool
     }
-
-    /// The watchdog's timer (the event sources' layer owns it, on its
-    /// reactor thread): `arm` has it call `watchdogFired` once, after
-    /// `watchdogInterval`.
-    protocol Watchdog: AnyObject, Sendable {
-        /// False if the timer could not be armed.
-        func arm(after interval: Duration) -> Bool
-    }
-
-    /// How long the poller may stay unheld, while something is watched,
-    /// before the watchdog polls it: Go's `sysmon` polls the network when it
-    /// has not been polled for 10 ms.
-    static let watchdogInterval: Duration = .milliseconds(10)
 
     /// A descriptor registration's handler: runs on the holder with the
     /// report (readiness, or a failure of the kernel watch).
@@ -112,23 +102,19 @@ final class PoolPoller: @unchecked Sendable {
     private let lock = GuardLock()
     private var state: State?
     private var timers: Timers?
-    private var watchdog: Watchdog?
     /// 1 while a worker holds the poller.
     private let holdWord: UnsafeMutablePointer<Int>
     /// Registrations plus pending timer entries: whether a worker should
     /// wait here at all. Atomic; stale at once.
     private let watchCount: UnsafeMutablePointer<Int>
-    /// 1 while the watchdog's timer is armed.
-    private let watchdogWord: UnsafeMutablePointer<Int>
     /// The holder's reports of its current wait.
     private var events: [ReadyEvent] = []
 
     init(pool: any Workers) {
         self.pool = pool
-        let words = allocateStableWords(byteCount: 192)
+        let words = allocateStableWords(byteCount: 128)
         holdWord = words.assumingMemoryBound(to: Int.self)
         watchCount = (words + 64).assumingMemoryBound(to: Int.self)
-        watchdogWord = (words + 128).assumingMemoryBound(to: Int.self)
     }
 
     // MARK: Registrations (any thread)
@@ -206,11 +192,6 @@ final class PoolPoller: @unchecked Sendable {
         lock.withLock { self.timers = timers }
     }
 
-    /// Installs the watchdog's timer (once, by the event sources' layer).
-    func install(_ watchdog: Watchdog) {
-        lock.withLock { self.watchdog = watchdog }
-    }
-
     /// The timer queue gained `added` entries (negative: lost them) and
     /// perhaps a new first deadline: the holder recomputes its wait.
     func timersChanged(added: Int, newFirst: Bool) {
@@ -225,49 +206,22 @@ final class PoolPoller: @unchecked Sendable {
             wake()
         } else {
             pool.wakeForPoller()
-            armWatchdogIfUnheld()
         }
     }
 
-    /// Arms the watchdog if something is watched, nobody holds the poller
-    /// and it is not armed yet. With the holder's sequentially consistent
-    /// release, and the watchdog's own disarm and re-check, one of them sees
-    /// the other: the poller is never left unheld with the watchdog quiet.
-    private func armWatchdogIfUnheld() {
-        guard wantsHolder,
-              AtomicMemory.load(from: watchdogWord, ordering: .sequentiallyConsistent) == 0,
-              AtomicMemory.compareAndSwap(expected: 0, desired: 1, at: watchdogWord, ordering: .sequentiallyConsistent)
-        else { return }
-        if let watchdog = lock.withLock({ watchdog }), watchdog.arm(after: Self.watchdogInterval) { return }
-        watchdogDisarmed()
-    }
-
-    /// The watchdog's timer could not be armed: the next release tries again.
-    func watchdogDisarmed() {
-        AtomicMemory.store(0, to: watchdogWord, ordering: .sequentiallyConsistent)
-    }
-
-    /// The watchdog's timer expired (on the reactor thread). If nobody holds
-    /// the poller while something is watched, polls it without waiting (the
-    /// calls go to the pool from a thread outside it), wakes an idle worker
-    /// to hold it, and returns true: arm again. Otherwise it goes quiet, and
-    /// the next release that leaves the poller unheld arms it.
-    func watchdogFired() -> Bool {
-        if isWatching, tryHold() {
-            _ = waitAndDispatch(block: false)
-            AtomicMemory.store(0, to: holdWord, ordering: .sequentiallyConsistent)
-            pool.wakeForPoller()
-            return true
-        }
-        AtomicMemory.store(0, to: watchdogWord, ordering: .sequentiallyConsistent)
-        // A release between the check above and the store saw the watchdog
-        // armed and left it: look again.
-        if wantsHolder
-            && AtomicMemory.compareAndSwap(expected: 0, desired: 1, at: watchdogWord, ordering: .sequentiallyConsistent)
-        {
-            return true
-        }
-        return false
+    /// The pool's monitor, at a look while a worker runs: if something is
+    /// watched and nobody holds the poller (every worker computes, or the
+    /// hand-off found no permit free), polls it without waiting (the calls
+    /// go to the pool from a thread outside it), gives it up and wakes a
+    /// worker to hold it if a permit is free. Returns whether it ran
+    /// anything. The monitor's look is the only thread outside the pool
+    /// that ever holds the poller, and for one non-blocking wait only.
+    @discardableResult
+    func pollIfUnheld() -> Bool {
+        guard wantsHolder, tryHold() else { return false }
+        let ran = waitAndDispatch(block: false)
+        release()
+        return ran
     }
 
     /// Whether anything is watched (stale at once).
@@ -293,10 +247,16 @@ final class PoolPoller: @unchecked Sendable {
             && AtomicMemory.compareAndSwap(expected: 0, desired: 1, at: holdWord, ordering: .acquiring)
     }
 
-    /// Gives the poller up; arms the watchdog if nobody else holds it.
+    /// Gives the poller up, and hands it on (the eager hand-off): if
+    /// something is watched, wakes a parked worker, or starts one within the
+    /// pool's width, to hold it. The sequentially consistent store pairs
+    /// with the parking worker's, which adds itself to the idle list under
+    /// the pool's lock and then tries to hold: either the waker finds it
+    /// idle, or it finds the poller free. With every permit taken the
+    /// waker does nothing, and the pool's monitor polls instead.
     func release() {
         AtomicMemory.store(0, to: holdWord, ordering: .sequentiallyConsistent)
-        armWatchdogIfUnheld()
+        if wantsHolder { pool.wakeForPoller() }
     }
 
     /// Holder only: waits for a report, a due timer, a wake or `notAfter`
@@ -339,6 +299,5 @@ final class PoolPoller: @unchecked Sendable {
         state = nil
         AtomicMemory.store(0, to: holdWord, ordering: .relaxed)
         AtomicMemory.store(0, to: watchCount, ordering: .relaxed)
-        AtomicMemory.store(0, to: watchdogWord, ordering: .relaxed)
     }
 }

@@ -57,7 +57,6 @@ final class DescriptorWatch: SourceWatch, @unchecked Sendable {
     private func arm(for source: EventSource, at placement: WatchPlacement) {
         let interest: Readiness = writing ? .writable : .readable
         if case .pool(let poller) = placement {
-            _ = PollerWatchdog.shared
             // Registered under the lock, so that a report that comes at once
             // finds `place` set when its handler returns and re-arms.
             let failure: DescriptorWatchError? = lock.withLock {

@@ -7,10 +7,12 @@ import Glibc
 /// of the process. It waits for what neither a loop nor the pool's poller
 /// can: the process-wide mechanisms of sources whose handlers run on loops
 /// (the signals' eventfd and an inotify instance: a loop cannot wait for a
-/// process-wide descriptor itself), the clock-set notice of wall-clock
-/// timers, and the pool poller's watchdog timer. Sources on work queues are
-/// not here: an idle pool worker waits for them in the poller and runs
-/// their calls itself (`PoolPoller`). See "The event driver" in the
+/// process-wide descriptor itself) and the clock-set notice of wall-clock
+/// timers. Sources on work queues are not here: an idle pool worker waits
+/// for them in the poller and runs their calls itself, and while every
+/// worker computes the pool's monitor polls it (`PoolPoller`); a program
+/// that uses only queues and queue sources (and no wall-clock timer) never
+/// starts this thread. See "The event driver" in the
 /// documentation for where each kind of watch lives.
 ///
 /// What runs on this thread is short: merging an event into its source and
@@ -45,7 +47,6 @@ enum EventReactor {
         // Workers re-arm its watches while it waits: it stays in
         // epoll_wait, where each re-arm reaches it with no wake-up.
         started.loop.registry.waitsInKernelWhileRegistered = true
-        ForkHandlers.install()
         thread = started
         return started.loop
     }
@@ -54,6 +55,24 @@ enum EventReactor {
     static func existingLoop() -> ThreadLoop? {
         lock.withLock { thread?.loop }
     }
+
+    /// The event sources' fork handlers (`ForkHandlers`), registered with
+    /// the first event source. In the parent: make every registry the child
+    /// handler resets. In the child: `childAfterFork`.
+    static let forkHandlersRegistered: Void = {
+        ForkHandlers.register(
+            .eventSources,
+            prepare: {
+                _ = SignalWatch.Registry.observers
+                _ = SignalWatch.Registry.pool
+                _ = SignalWatch.Registry.reactor
+                _ = FileSystemWatch.Registry.pool
+                _ = FileSystemWatch.Registry.reactor
+                _ = TimerQueue.shared
+                _ = TimerWatch.WallClockRegistry.shared
+            },
+            child: { _ in EventReactor.childAfterFork() })
+    }()
 
     /// In a child after `fork()`: the reactor's thread is the parent's; the
     /// child's next source starts its own. The parent's loop object is left
@@ -69,6 +88,5 @@ enum EventReactor {
         FileSystemWatch.Registry.reactor.childAfterFork()
         TimerQueue.shared.childAfterFork()
         TimerWatch.WallClockRegistry.shared.childAfterFork()
-        PollerWatchdog.shared.childAfterFork()
     }
 }

@@ -131,6 +131,8 @@ public final class EventSource: @unchecked Sendable, CustomStringConvertible {
     private enum Call { case registration, event, cancel }
 
     init(kind: Kind, handle: Int32, mask: UInt64, target: Target, watch: (any SourceWatch)?) {
+        // Before the first watch can exist in a child.
+        _ = EventReactor.forkHandlersRegistered
         self.kind = kind
         self.handle = handle
         self.mask = mask
@@ -482,6 +484,19 @@ public final class EventSource: @unchecked Sendable, CustomStringConvertible {
     /// thread); nil for a data source, an always-ready descriptor, a timer,
     /// and a watch that is not (or no longer) anywhere. A test's view.
     package var watchPlacementName: String? { watch?.placementName }
+
+    /// Whether an event has been merged into the source and its call has
+    /// not yet taken it (stale at once). A test's view: the event was taken
+    /// from the kernel, whether or not a thread is free to run the call.
+    package var hasPendingEvent: Bool { state.load(ordering: .acquiring) & State.pending != 0 }
+
+    /// Runs `probe` in every move of a file-system source's watch
+    /// (`setTarget`), between joining the new place and leaving the old
+    /// one; nil removes it. A test's hook: a change made there must be
+    /// delivered after the move.
+    package static func setFileSystemMoveProbe(_ probe: (@Sendable () -> Void)?) {
+        FileSystemWatch.moveProbe.withLock { $0 = probe }
+    }
 
     /// Ends a registration or event call and submits the next one, if any.
     private func finishCall() {

@@ -23,18 +23,19 @@ import CShims
 /// the entry's name) are not the directory's, and are dropped.
 final class FileSystemWatch: SourceWatch, @unchecked Sendable {
     // @unchecked: `home` and `stopped` are guarded by `lock`; the rest of
-    // what is mutable by the registry's lock (taken inside `lock`, never
-    // the other way round).
+    // what is mutable by the registries' locks (taken inside `lock`, never
+    // the other way round; both registries' during a move, one at a time).
 
     let descriptor: Int32
     let events: EventSource.FileEvents
     /// Whether the object is a directory (its entries' changes are writes).
     let isDirectory: Bool
-    fileprivate var wd: Int32 = -1
-    fileprivate var size: Int64
-    fileprivate var links: UInt64
+    /// The size and link count last seen, under `seenLock` (a leaf lock:
+    /// while the watch moves, both registries may translate events for it).
+    private var size: Int64
+    private var links: UInt64
+    private let seenLock = GuardLock()
     fileprivate weak var source: EventSource?
-    fileprivate var registered = false
     private let lock = GuardLock()
     /// The registry the watch is in, if any.
     private var home: Registry?
@@ -72,24 +73,34 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
     }
 
     /// Moves the watch between the pool's inotify instance and the
-    /// reactor's. Events between leaving one and joining the other are not
-    /// reported.
+    /// reactor's, joining the new one before it leaves the old one: an
+    /// event in between is queued in both instances (merged into the source
+    /// twice at worst: the data is or-ed), and what the old instance has
+    /// queued but not yet delivered is read and delivered as it is left. So
+    /// no change is lost to the move.
     func move(for source: EventSource, to placement: WatchPlacement) {
         enter(Registry.at(placement), for: source, moving: true)
     }
 
+    /// Runs between joining the new registry and leaving the old one in a
+    /// move (tests: a change made there must be delivered).
+    static let moveProbe = LockedValue<(@Sendable () -> Void)?>(nil)
+
     private func enter(_ next: Registry, for source: EventSource, moving: Bool) {
         let failure: EventSourceError? = lock.withLock {
             guard !stopped, home !== next, moving == (home != nil) else { return nil }
-            home?.remove(self)
-            home = nil
             do throws(EventSourceError) {
                 try next.add(self, for: source)
-                home = next
-                return nil
             } catch {
+                // Still watched where it was; the failure cancels the source.
                 return error
             }
+            if let previous = home {
+                if let probe = Self.moveProbe.withLock({ $0 }) { probe() }
+                previous.remove(self, deliveringPending: true)
+            }
+            home = next
+            return nil
         }
         // Outside the lock: failing cancels, and cancelling stops.
         if let failure { source.fail(failure) }
@@ -109,7 +120,7 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
 
     /// The `FileEvents` that `mask` (from inotify) means for this watch,
     /// with the size and link count it last saw brought up to date. Under
-    /// the registry's lock.
+    /// a registry's lock.
     fileprivate func translate(_ mask: UInt32) -> EventSource.FileEvents {
         var found: EventSource.FileEvents = []
         if mask & CSHIMS_IN_ENTRY != 0 {
@@ -128,11 +139,13 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
             if mask & CSHIMS_IN_UNMOUNT != 0 { found.insert(.revoke) }
         }
         if let stat {
-            if stat.size > size && !isDirectory { found.insert(.extend) }
-            if stat.links != links { found.insert(.link) }
-            if stat.links == 0 { found.insert(.delete) }
-            size = stat.size
-            links = stat.links
+            seenLock.withLock {
+                if stat.size > size && !isDirectory { found.insert(.extend) }
+                if stat.links != links { found.insert(.link) }
+                if stat.links == 0 { found.insert(.delete) }
+                size = stat.size
+                links = stat.links
+            }
         }
         return found.intersection(events)
     }
@@ -158,6 +171,10 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
         private let lock = GuardLock()
         private var inotify = ProcessWideDescriptor()
         private var byWatch: [Int32: [FileSystemWatch]] = [:]
+        /// Each registered watch's inotify watch descriptor in this
+        /// registry's instance (a watch is in both registries for a moment
+        /// while it moves, with a number in each).
+        private var wdOf: [ObjectIdentifier: Int32] = [:]
         private var wds = [Int32](repeating: 0, count: 256)
         private var masks = [UInt32](repeating: 0, count: 256)
 
@@ -184,58 +201,72 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
                 if byWatch.isEmpty { inotify.unwatch() }
                 throw error
             }
-            watch.wd = wd
-            watch.source = source
-            watch.registered = true
+            // Unchanged by a move (the other registry may be reading it).
+            if watch.source !== source { watch.source = source }
+            wdOf[ObjectIdentifier(watch)] = wd
             byWatch[wd, default: []].append(watch)
         }
 
-        func remove(_ watch: FileSystemWatch) {
-            lock.lock()
-            defer { lock.unlock() }
-            // Nothing left to wait for here: the poller may go unheld.
-            defer { if byWatch.isEmpty { inotify.unwatch() } }
-            guard watch.registered else { return }
-            watch.registered = false
-            guard var list = byWatch[watch.wd] else { return }
-            list.removeAll { $0 === watch }
-            if list.isEmpty {
-                byWatch[watch.wd] = nil
-                EventSourceCalls.inotifyUnwatch(inotify.fd, watch.wd)
-            } else {
-                byWatch[watch.wd] = list
+        /// Ends `watch`'s registration here. `deliveringPending` (a move):
+        /// first reads what the instance has queued and delivers it, so
+        /// that a change reported here but not yet read is not lost with
+        /// the registration (the sources of other watches get theirs now
+        /// too, a little early).
+        func remove(_ watch: FileSystemWatch, deliveringPending: Bool = false) {
+            var due: [(EventSource, EventSource.FileEvents)] = []
+            lock.withLock {
+                if deliveringPending && inotify.fd >= 0 { collect(into: &due) }
+                // Nothing left to wait for here: the poller may go unheld.
+                defer { if byWatch.isEmpty { inotify.unwatch() } }
+                guard let wd = wdOf.removeValue(forKey: ObjectIdentifier(watch)),
+                      var list = byWatch[wd]
+                else { return }
+                list.removeAll { $0 === watch }
+                if list.isEmpty {
+                    byWatch[wd] = nil
+                    EventSourceCalls.inotifyUnwatch(inotify.fd, wd)
+                } else {
+                    byWatch[wd] = list
+                }
             }
+            for (source, found) in due { source.or(found.rawValue) }
         }
 
         /// Where the instance waits, when it is readable.
         private func deliver() {
             var due: [(EventSource, EventSource.FileEvents)] = []
-            lock.withLock {
-                while true {
-                    let n = EventSourceCalls.inotifyRead(inotify.fd, &wds, &masks)
-                    if n == 0 { break }
-                    for i in 0..<n {
-                        guard let list = byWatch[wds[i]] else { continue }
-                        for watch in list {
-                            let found = watch.translate(masks[i])
-                            if !found.isEmpty, let source = watch.source { due.append((source, found)) }
-                        }
-                        if masks[i] & CSHIMS_IN_IGNORED != 0 {
-                            // The kernel dropped the watch (deleted, unmounted):
-                            // its number may be given to another file now.
-                            for watch in list { watch.registered = false }
-                            byWatch[wds[i]] = nil
-                        }
+            lock.withLock { collect(into: &due) }
+            for (source, found) in due { source.or(found.rawValue) }
+        }
+
+        /// Under the lock: reads every event the instance has queued and
+        /// appends what each source is due (merged by the caller, outside
+        /// the lock).
+        private func collect(into due: inout [(EventSource, EventSource.FileEvents)]) {
+            while true {
+                let n = EventSourceCalls.inotifyRead(inotify.fd, &wds, &masks)
+                if n == 0 { break }
+                for i in 0..<n {
+                    guard let list = byWatch[wds[i]] else { continue }
+                    for watch in list {
+                        let found = watch.translate(masks[i])
+                        if !found.isEmpty, let source = watch.source { due.append((source, found)) }
+                    }
+                    if masks[i] & CSHIMS_IN_IGNORED != 0 {
+                        // The kernel dropped the watch (deleted, unmounted):
+                        // its number may be given to another file now.
+                        for watch in list { wdOf[ObjectIdentifier(watch)] = nil }
+                        byWatch[wds[i]] = nil
                     }
                 }
             }
-            for (source, found) in due { source.or(found.rawValue) }
         }
 
         func childAfterFork() {
             lock.reinitializeAfterFork()
             inotify.childAfterFork()
             byWatch = [:]
+            wdOf = [:]
         }
     }
 }

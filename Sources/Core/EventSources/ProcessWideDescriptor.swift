@@ -1,5 +1,5 @@
 /// Where a process-wide descriptor (the signals' eventfd, an inotify
-/// instance, the clock-change timerfd, the watchdog's timerfd) is watched:
+/// instance, the clock-change timerfd) is watched:
 /// the pool's poller, for sources on work queues, or the reactor's loop,
 /// for sources on loops and for the driver's own timers.
 enum ProcessWideHome: Sendable {

@@ -316,14 +316,12 @@ final class TimerWatch: SourceWatch, TimerQueue.Owner, @unchecked Sendable {
 
 extension TimerQueue {
     /// The heap of the timer sources on work queues, in the standard pool's
-    /// poller, made with the first of them (with the poller's watchdog).
+    /// poller, made with the first of them.
     static let shared: TimerQueue = {
         guard let poller = WorkerPool.standard.poller else {
             fatalError("TimerQueue: the standard pool has no poller")
         }
-        let made = TimerQueue(poller: poller)
-        _ = PollerWatchdog.shared
-        return made
+        return TimerQueue(poller: poller)
     }()
 }
 

@@ -32,7 +32,7 @@ final class DelayedWork: @unchecked Sendable {
 
     private init() {
         generation = allocateStableWords(byteCount: 4).assumingMemoryBound(to: UInt32.self)
-        ForkHandlers.install()
+        _ = WorkerPool.forkHandlersRegistered
     }
 
     /// Holds `unit` for `queue` until `deadline`. Never blocks.

@@ -24,6 +24,13 @@ import CShims
 /// unannounced, see `NextUnitSlot.announcesFill`, whose owner kept
 /// running), which takes it at once (`PoolWorker.wakeHint`).
 ///
+/// It is also the event driver's backstop for the one case the poller's
+/// eager hand-off cannot cover (see `PoolPoller`): every worker computing,
+/// with no permit free to hand the poller to. At each look, if something
+/// is watched and nobody holds the standard pool's poller, it polls it
+/// without waiting and queues the calls of what it found, so an event is
+/// taken from the kernel within one period while the workers compute.
+///
 /// ## Bound
 /// An item queued behind workers blocked outside Spindle starts within two
 /// periods of the moment they blocked (one to see each worker's unit, one
@@ -159,6 +166,8 @@ final class PoolMonitor: @unchecked Sendable {
             lent = blocked
         }
         if let staleSlot, pool.wakeWouldStart { pool.wakeOne(forSlotOf: staleSlot) }
+        // The driver's backstop: nobody at the poller while workers run.
+        if let poller = pool.poller, poller.wantsHolder { poller.pollIfUnheld() }
         if blocked > 0 && pool.hasQueuedWork() { pool.notifyIfNeeded() }
         if !anyRunning && lent == 0 { disarm() }
     }

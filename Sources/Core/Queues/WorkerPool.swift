@@ -65,9 +65,11 @@ import CShims
 /// - **Event sources.** While the descriptors or timers of sources on work
 ///   queues are watched, one parked worker of the standard pool waits in
 ///   the pool's poller (`PoolPoller`, Tokio's I/O driver) instead of on its
-///   futex, and runs the calls of what it finds itself; busy workers poll
-///   it every 61st look and when they run dry. A waker prefers a parked
-///   worker that is not the poller's.
+///   futex, and runs the calls of what it finds itself, after it woke
+///   another parked worker to hold the poller in its place (Tokio's eager
+///   driver hand-off); busy workers poll it every 61st look and when they
+///   run dry, and while every worker computes the monitor polls it. A
+///   waker prefers a parked worker that is not the poller's.
 ///
 /// **On many cores.** A submission from a worker writes only that
 /// worker's own lines (its ring's tail or its slot's word) and reads two
@@ -196,7 +198,7 @@ final class WorkerPool: PoolPoller.Workers, @unchecked Sendable {
         defaultInjector = WorkRing(capacity: 1024, publishesCount: true)
         injectorCounts = [highInjector.publishedCount, defaultInjector.publishedCount]
         words = allocateStableWords(byteCount: 256)
-        ForkHandlers.install()
+        _ = Self.forkHandlersRegistered
         if band == .standard { poller = makeImmortal(PoolPoller(pool: self)) }
         monitor = makeImmortal(PoolMonitor(pool: self))
     }
@@ -258,15 +260,26 @@ final class WorkerPool: PoolPoller.Workers, @unchecked Sendable {
             && AtomicMemory.load(from: active, ordering: .sequentiallyConsistent) < width
     }
 
-    /// The poller needs a holder (`PoolPoller.Workers`): `wakeOne()`.
-    func wakeForPoller() { wakeOne() }
+    /// The poller needs a holder (`PoolPoller.Workers`): wakes an idle
+    /// worker, or starts one, if a permit is free, even while another worker
+    /// searches: a searcher may find work and run it instead of parking
+    /// into the poller, and the holder that hands the poller on (the eager
+    /// hand-off, `PoolPoller.release`) is itself a searcher about to run
+    /// what it found. With every permit taken this is one load and no lock
+    /// (a busy worker's poll every 61st unit ends here).
+    func wakeForPoller() {
+        guard AtomicMemory.load(from: active, ordering: .sequentiallyConsistent) < width else { return }
+        wakeOne(evenIfSearching: true)
+    }
 
     /// Under the lock, re-checks and hands a permit to an idle worker, or
     /// starts a worker when none is idle. `filler`: the worker whose slot
     /// was just filled, if that is why (see `PoolWorker.wakeHint`).
-    func wakeOne(forSlotOf filler: PoolWorker? = nil) {
+    /// `evenIfSearching`: wake although a worker is searching (for the
+    /// poller, see `wakeForPoller`).
+    func wakeOne(forSlotOf filler: PoolWorker? = nil, evenIfSearching: Bool = false) {
         lock.lock()
-        guard AtomicMemory.load(from: searching, ordering: .relaxed) == 0,
+        guard evenIfSearching || AtomicMemory.load(from: searching, ordering: .relaxed) == 0,
               AtomicMemory.load(from: active, ordering: .relaxed) < width
         else {
             lock.unlock()
@@ -383,11 +396,41 @@ final class WorkerPool: PoolPoller.Workers, @unchecked Sendable {
 
     // MARK: Fork
 
+    /// The queues' fork handlers (`ForkHandlers`), registered with the first
+    /// pool or delayed item. In the parent: make every pool, the main queue
+    /// and the delayed-work thread's state now, and run on nothing the code
+    /// the child runs, so that the child makes no lazy global and no type
+    /// metadata. In the child: the pools start again without their workers,
+    /// the main queue is repaired, and what the forking thread holds of the
+    /// queues whose items it runs is noted for the child's epoch.
+    static let forkHandlersRegistered: Void = {
+        ForkHandlers.register(
+            .queues,
+            prepare: {
+                _ = WorkerPool.standard
+                _ = WorkerPool.low
+                _ = WorkerPool.background
+                _ = WorkQueue.main
+                _ = DelayedWork.shared
+                WorkerPool.prepareForFork()
+                // The walk the child makes, made here first (epoch 0
+                // records nothing).
+                QueueFrame.noteHoldingsAfterFork(epoch: 0)
+            },
+            child: { epoch in
+                WorkerPool.childAfterForkAll()
+                WorkQueue.main.childAfterFork()
+                QueueFrame.noteHoldingsAfterFork(epoch: epoch)
+                DelayedWork.shared.childAfterFork()
+            })
+    }()
+
     /// Every pool, in a child after `fork()`.
     static func childAfterForkAll() {
         // One by one, not through an array literal: the child must not
         // allocate type metadata (see `ForkHandlers`), and the three pools
-        // exist already (`ForkHandlers.prepare` made them in the parent).
+        // exist already (the queues' prepare handler made them in the
+        // parent, see `forkHandlersRegistered`).
         standard.childAfterFork()
         low.childAfterFork()
         background.childAfterFork()

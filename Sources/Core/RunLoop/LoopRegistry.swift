@@ -14,8 +14,13 @@ import Glibc
 /// it looks for its own loop or asks whether it owns one. Installing also
 /// sets the thread's timer slack, which only the thread itself can do.
 enum LoopRegistry {
+    /// The run loops' fork handler, registered with the first loop.
+    private static let forkHandlerRegistered: Void = {
+        ForkHandlers.register(.runLoops, child: { _ in LoopRegistry.childAfterFork() })
+    }()
+
     private static let key: pthread_key_t = {
-        ForkHandlers.install()
+        _ = forkHandlerRegistered
         var key = pthread_key_t()
         let rc = pthread_key_create(&key) { raw in
             guard let raw else { return }
@@ -117,7 +122,7 @@ enum LoopRegistry {
 
     /// The main loop, made (not installed) if there is none yet.
     static func mainLoop(kind: EventBackendKind? = nil) -> ThreadLoop {
-        ForkHandlers.install()
+        _ = forkHandlerRegistered
         return mainLock.withLock {
             if let main { return main }
             do {

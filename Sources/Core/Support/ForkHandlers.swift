@@ -1,18 +1,30 @@
 import CShims
+import Synchronization
 #if canImport(Glibc)
 import Glibc
 #endif
 
-/// What Spindle does around `fork()`, installed once with `pthread_atfork`
-/// the first time a thread record or a run loop is made.
+/// What Spindle does around `fork()`: one `pthread_atfork` pair, installed
+/// with the first registration, that runs the handlers the layers above
+/// register with it (`register`). Support names none of them: each layer
+/// registers its own the first time it has state a child must repair (the
+/// thread records, the run loops, the worker pools and queues, the event
+/// sources), so the dependency points one way, up to down.
+///
+/// **Order.** Handlers run by `Stage`, the layers' order from the bottom
+/// up (threads, run loops, queues, event sources), and within a stage in
+/// the order they were registered; `prepare` in the parent just before the
+/// fork, `child` in the child just after it, both in that order. Before
+/// any child handler, the child advances the fork epoch (see below) and
+/// passes it to each.
 ///
 /// After `fork()` the child has one thread, a copy of the one that forked,
 /// with that thread's thread-specific values: its run loop (whose epoll
 /// instance or io_uring ring is shared with the parent, so using it would
 /// take the parent's events, change what the parent watches, or, on
 /// io_uring, cancel the parent's polls when the child exits) and its thread
-/// record (with the parent's thread id). The child handler drops both from
-/// the thread's slots without touching them, so the child's first
+/// record (with the parent's thread id). The handlers drop both from the
+/// thread's slots without touching them, so the child's first
 /// `ThreadLoop.current` makes a new loop and its first `NativeThread.current`
 /// a new record; the child's thread is the child's main thread (its id is
 /// the child's pid), and the main loop starts afresh. The parent's objects
@@ -21,9 +33,9 @@ import Glibc
 ///
 /// Queues the parent's other threads were using are repaired lazily, the
 /// first time the child takes their lock (`WorkQueue.repairAfterFork`): the
-/// child handler advances the fork epoch their state is checked against,
-/// and notes what the forking thread itself holds of the queues whose items
-/// it runs.
+/// child advances the fork epoch their state is checked against, and the
+/// queues' handler notes what the forking thread itself holds of the
+/// queues whose items it runs.
 ///
 /// The child handler takes no lock: a lock of Spindle's that a thread of the
 /// parent held at the fork is replaced, not waited for. It allocates only
@@ -36,51 +48,113 @@ import Glibc
 /// holds for any Swift code the child runs later, which Spindle cannot
 /// lift.
 enum ForkHandlers {
-    /// Installs the handlers; later calls do nothing.
-    static func install() { _ = installed }
+    /// When a layer's handlers run: the layers' order, from the bottom up.
+    enum Stage: Int, Sendable {
+        /// Thread records (`NativeThread`).
+        case threads
+        /// Per-thread run loops (`LoopRegistry`).
+        case runLoops
+        /// Worker pools, work queues and their delayed work.
+        case queues
+        /// Event sources: the reactor, the process-wide registries, the
+        /// queue timers' heap.
+        case eventSources
+    }
+
+    /// One registration.
+    private final class Entry: Sendable {
+        let stage: Stage
+        let prepare: (@Sendable () -> Void)?
+        let child: @Sendable (_ epoch: UInt32) -> Void
+
+        init(stage: Stage, prepare: (@Sendable () -> Void)?, child: @escaping @Sendable (UInt32) -> Void) {
+            self.stage = stage
+            self.prepare = prepare
+            self.child = child
+        }
+    }
+
+    /// An immutable snapshot of the registrations, in running order.
+    private final class List: Sendable {
+        let entries: [Entry]
+        init(_ entries: [Entry]) { self.entries = entries }
+    }
+
+    /// The current snapshot. A registration replaces it with a
+    /// compare-and-swap (acquiring and releasing, pairing with the loads in
+    /// `prepare` and `child`); the snapshot it replaced is never released,
+    /// as a handler on another thread may be walking it (a few registrations
+    /// per process, a few dozen bytes each).
+    private static let list = Atomic<Unmanaged<List>?>(nil)
+
+    /// Adds a handler pair for `stage`: `prepare` (optional) runs in the
+    /// parent just before every later `fork()`, `child` in the child just
+    /// after it, with the child's fork epoch. Register once per layer (a
+    /// `static let` of the layer's own), before the state it repairs can
+    /// exist in a child. `child` must take no lock, allocate no type
+    /// metadata and look up no conformance (see the type's doc). Any
+    /// thread; never blocks.
+    static func register(
+        _ stage: Stage,
+        prepare: (@Sendable () -> Void)? = nil,
+        child: @escaping @Sendable (_ epoch: UInt32) -> Void
+    ) {
+        _ = installed
+        let entry = Entry(stage: stage, prepare: prepare, child: child)
+        var current = list.load(ordering: .acquiring)
+        while true {
+            var entries = current?.takeUnretainedValue().entries ?? []
+            var at = entries.count
+            while at > 0 && entries[at - 1].stage.rawValue > stage.rawValue { at -= 1 }
+            entries.insert(entry, at: at)
+            let next = Unmanaged.passRetained(List(entries))
+            let (exchanged, seen) = list.compareExchange(
+                expected: current, desired: next, ordering: .acquiringAndReleasing)
+            if exchanged { return }
+            next.release()
+            current = seen
+        }
+    }
 
     private static let installed: Void = {
         let rc = pthread_atfork({ ForkHandlers.prepare() }, nil, { ForkHandlers.child() })
         if rc != 0 { misuse("pthread_atfork failed: \(errnoDescription(rc))") }
     }()
 
+    /// The snapshot whose `prepare` handlers ran for the fork under way:
+    /// the child runs the `child` handlers of exactly those (a handler
+    /// registered meanwhile had nothing made for it in the parent). Written
+    /// and read by the forking thread only.
+    private static let prepared = Atomic<Unmanaged<List>?>(nil)
+
     private static func prepare() {
-        // Made now, in the parent, so that the child never runs an
-        // initializer: a lazy global's initializer allocates, takes the
-        // once-lock and may instantiate type metadata under the Swift
-        // runtime's lock, which another thread of the parent may hold at the
-        // fork and which nobody would ever release in the child (a child
-        // forked during such a hold hung in `WorkerPool.childAfterForkAll`,
-        // found by the 1,000-children event-source stress test).
-        _ = NativeThread.main
-        _ = WorkerPool.standard
-        _ = WorkerPool.low
-        _ = WorkerPool.background
-        _ = WorkQueue.main
-        _ = DelayedWork.shared
-        _ = SignalWatch.Registry.observers
-        _ = SignalWatch.Registry.pool
-        _ = SignalWatch.Registry.reactor
-        _ = FileSystemWatch.Registry.pool
-        _ = FileSystemWatch.Registry.reactor
-        _ = TimerQueue.shared
-        _ = TimerWatch.WallClockRegistry.shared
-        WorkerPool.prepareForFork()
-        // The walk the child makes, made here first for the same reason
-        // (epoch 0 records nothing).
-        QueueFrame.noteHoldingsAfterFork(epoch: 0)
+        // Until no prepare handler registers another layer's handlers (a
+        // layer's prepare may make the first object of a layer below).
+        var done: Unmanaged<List>?
+        while let current = list.load(ordering: .acquiring), current.toOpaque() != done?.toOpaque() {
+            let entries = current.takeUnretainedValue().entries
+            // An index loop, as in `child`: the same code, its metadata
+            // made here.
+            var i = 0
+            while i < entries.count {
+                entries[i].prepare?()
+                i += 1
+            }
+            done = current
+        }
+        prepared.store(done, ordering: .relaxed)
     }
 
     private static func child() {
         // First: everything below, and every queue from now on, is of the
         // child's epoch (see `WorkQueue.repairAfterFork`).
         let epoch = UInt32(cshims_advance_fork_epoch())
-        LoopRegistry.childAfterFork()
-        NativeThread.childAfterFork()
-        WorkerPool.childAfterForkAll()
-        WorkQueue.main.childAfterFork()
-        QueueFrame.noteHoldingsAfterFork(epoch: epoch)
-        DelayedWork.shared.childAfterFork()
-        EventReactor.childAfterFork()
+        guard let current = prepared.load(ordering: .relaxed) else { return }
+        let entries = current.takeUnretainedValue().entries
+        var i = 0
+        while i < entries.count {
+            entries[i].child(epoch)
+            i += 1
+        }
     }
 }

@@ -513,7 +513,7 @@ public class NativeThread: @unchecked Sendable, Hashable, CustomStringConvertibl
 /// only use the C thread-local `cshims_current_thread`, which they clear
 /// themselves before returning.)
 let currentThreadKey: pthread_key_t = {
-    ForkHandlers.install()
+    ForkHandlers.register(.threads, prepare: { _ = NativeThread.main }, child: { _ in NativeThread.childAfterFork() })
     var key = pthread_key_t()
     let rc = pthread_key_create(&key, currentThreadKeyDestructor)
     if rc != 0 {
