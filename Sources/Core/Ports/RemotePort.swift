@@ -1,3 +1,5 @@
+import CShims
+import Synchronization
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -88,7 +90,12 @@ public final class RemotePort: @unchecked Sendable {
     /// connection of its own: nil for a port with no address to go back
     /// to (received in a message, or made by `makeSendRight()`).
     private let reconnection: Reconnection?
-    private let lock = Lock()
+    /// Guards `state`; taken only through `stateLock`, which replaces it in
+    /// a process forked since it was last taken (`repairAfterFork`).
+    private let lock = GuardLock()
+    /// The fork epoch (`cshims_fork_epoch`) of the process `lock` was last
+    /// made good for; `Self.forkRepairing` while a thread repairs it.
+    private let lockEpoch: Atomic<UInt32>
     private var state: State
 
     enum Reconnection {
@@ -145,6 +152,10 @@ public final class RemotePort: @unchecked Sendable {
     /// deinitialized); `reconnection` is how a child process gets a
     /// connection of its own.
     init(adopting fd: Int32, name: String?, transport: Transport = .local, reconnection: Reconnection? = nil) {
+        // Counts forks (the epoch) for `stateLock`, in a process that made
+        // no thread record or loop yet.
+        ForkHandlers.install()
+        lockEpoch = Atomic(cshims_fork_epoch())
         state = State(fd: fd, pid: getpid())
         self.name = name
         self.transport = transport
@@ -258,14 +269,14 @@ public final class RemotePort: @unchecked Sendable {
         // In a child that has not reconnected yet, the link is the parent's
         // (whose request lock a parent thread may have held at the fork):
         // none of its replies are this process's.
-        let link: Link? = lock.withLock { state.pid == getpid() ? state.link : nil }
+        let link: Link? = stateLock.withLock { state.pid == getpid() ? state.link : nil }
         guard let link else { return 0 }
         return link.requestLock.withLock { link.replyRingBuffers }
     }
 
     /// Whether the port can still send (false after `invalidate()`; a port
     /// whose owner is gone stays valid until a send finds out).
-    public var isValid: Bool { lock.withLock { state.valid } }
+    public var isValid: Bool { stateLock.withLock { state.valid } }
 
     /// Sends `message` one way, waiting at most `timeout` for room in the
     /// connection's buffer. Any thread; blocks at most `timeout`.
@@ -329,10 +340,19 @@ public final class RemotePort: @unchecked Sendable {
     public func sendRequest(_ message: PortEnvelope, timeout: Duration, replyTimeout: Duration) throws(PortError) -> PortEnvelope {
         require(timeout >= .zero, "RemotePort.sendRequest: `timeout` is \(timeout); it cannot be negative")
         require(replyTimeout >= .zero, "RemotePort.sendRequest: `replyTimeout` is \(replyTimeout); it cannot be negative")
+        return try request(message, sendDeadline: MonotonicClock.now.advanced(by: timeout), replyDeadline: nil, replyTimeout: replyTimeout)
+    }
+
+    /// The request itself: sends by `sendDeadline`, then waits for the reply
+    /// until `replyDeadline`, or (nil) for `replyTimeout` from the moment
+    /// the request went out. `.replyTimedOut` carries the time waited for
+    /// the reply.
+    func request(
+        _ message: PortEnvelope, sendDeadline: MonotonicClock.Instant, replyDeadline: MonotonicClock.Instant?, replyTimeout: Duration
+    ) throws(PortError) -> PortEnvelope {
         if case .foundationStream = transport {
             throw .unsupportedByFoundationWireFormat("a request (Foundation's SocketPort never replies on the connection a message came on)")
         }
-        let sendDeadline = MonotonicClock.now.advanced(by: timeout)
         return try withDescriptor(before: sendDeadline) { fd, link throws(PortError) -> PortEnvelope in
             link.requestLock.lock()
             defer { link.requestLock.unlock() }
@@ -344,7 +364,9 @@ public final class RemotePort: @unchecked Sendable {
                 return b
             }()
             try write(message, kind: .request, sequence: sequence, to: fd, link: link, before: sendDeadline)
-            let deadline = MonotonicClock.now.advanced(by: replyTimeout)
+            let sent = MonotonicClock.now
+            let deadline = replyDeadline ?? sent.advanced(by: replyTimeout)
+            let replyTimeout = max(.zero, sent.duration(to: deadline))
             if transport == .stream {
                 return try streamReply(fd, link: link, sequence: sequence, buffer: buffer, before: deadline, replyTimeout: replyTimeout)
             }
@@ -399,7 +421,7 @@ public final class RemotePort: @unchecked Sendable {
     /// thread; calling it again does nothing. The owner sees the connection
     /// close when the last copy closes.
     public func invalidate() {
-        let close: Int32? = lock.withLock {
+        let close: Int32? = stateLock.withLock {
             guard state.valid else { return nil }
             state.valid = false
             // A thread sending or waiting for a reply right now polls the
@@ -446,19 +468,64 @@ public final class RemotePort: @unchecked Sendable {
         case .tcp(let host, let port):
             fd = try PortSocketCalls.tcpConnect(host: host, port: port, before: deadline)
         }
-        let inherited: Int32? = lock.withLock { () -> Int32? in
+        let link = Link()
+        let (inherited, parentLink): (Int32?, Link?) = stateLock.withLock {
             // Another thread of this process may have reconnected first, or
             // invalidated the port meanwhile: then this connection goes.
-            guard state.valid, state.pid != pid else { return fd }
+            guard state.valid, state.pid != pid else { return (fd, nil) }
             defer {
                 state.fd = fd
                 state.pid = pid
                 state.users = 0
-                state.link = Link()
+                state.link = link
             }
-            return state.fd >= 0 ? state.fd : nil
+            return (state.fd >= 0 ? state.fd : nil, state.link)
         }
+        // The parent's link is kept, never released here: its locks' teardown
+        // would take the lock-name and lock-order tables' locks, which a
+        // thread of the parent may have held at the fork. Once per port
+        // and fork, a few hundred bytes.
+        if let parentLink { _ = Unmanaged.passRetained(parentLink) }
         if let inherited { PortSocketCalls.close(inherited) }
+    }
+
+    /// `lockEpoch` while a thread repairs the lock after a fork.
+    private static let forkRepairing = UInt32.max
+
+    /// The state's lock, made good first in a process forked since it was
+    /// last taken. Every hold of `lock` starts here: one relaxed load and
+    /// compare beyond the lock itself.
+    private var stateLock: GuardLock {
+        @inline(__always) get {
+            if lockEpoch.load(ordering: .relaxed) != cshims_fork_epoch() { repairAfterFork() }
+            return lock
+        }
+    }
+
+    /// In a child after `fork()`, the first time the state's lock is
+    /// wanted: a thread of the parent may have held it at the fork (one
+    /// sending or requesting, say), and nobody would release it here, so it
+    /// is made free again instead of waited for. One thread repairs: the
+    /// first to swap `lockEpoch` to `forkRepairing`; the others yield until
+    /// it holds the child's epoch. Nobody in the child can have taken the
+    /// lock before (every hold starts in `stateLock`), so freeing it steals
+    /// it from no one. The state it guards was written whole under the lock,
+    /// and the child then finds the parent's pid in it and makes a
+    /// connection of its own (`reconnectAfterFork`).
+    @inline(never)
+    private func repairAfterFork() {
+        let epoch = cshims_fork_epoch()
+        while true {
+            let seen = lockEpoch.load(ordering: .acquiring)
+            if seen == epoch { return }
+            if seen == Self.forkRepairing {
+                sched_yield()
+                continue
+            }
+            if lockEpoch.compareExchange(expected: seen, desired: Self.forkRepairing, ordering: .acquiring).exchanged { break }
+        }
+        lock.reinitializeAfterFork()
+        lockEpoch.store(epoch, ordering: .releasing)
     }
 
     /// Runs `body` with the descriptor and its link, which stay open
@@ -472,7 +539,7 @@ public final class RemotePort: @unchecked Sendable {
         let pid = getpid()
         var acquired: (Int32, Link)?
         while acquired == nil {
-            let current: (Int32, Link)? = try lock.withLock { () throws(PortError) -> (Int32, Link)? in
+            let current: (Int32, Link)? = try stateLock.withLock { () throws(PortError) -> (Int32, Link)? in
                 guard state.valid else { throw .invalidated }
                 guard state.pid == pid else { return nil }
                 state.users += 1
@@ -482,7 +549,7 @@ public final class RemotePort: @unchecked Sendable {
         }
         guard let (fd, link) = acquired else { misuse("RemotePort: no descriptor after the loop") }
         defer {
-            let close: Int32? = lock.withLock {
+            let close: Int32? = stateLock.withLock {
                 state.users -= 1
                 guard !state.valid, state.users == 0, state.fd >= 0 else { return nil }
                 defer { state.fd = -1 }
