@@ -114,7 +114,9 @@ public final class NamedPort: @unchecked Sendable {
     public let replyBacklogLimit: Int
     let handler: @Sendable (PortEnvelope) -> PortEnvelope?
 
-    private let lock = Lock()
+    /// Guards `state`; never waited for in a child after `fork()` on a
+    /// parent thread's account (`ForkRepairedLock`).
+    private let lock = ForkRepairedLock()
     private var state = State()
     private let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: PortWire.recordCapacity, alignment: 8)
     /// Keeps the loop's modes from missing the loop's death: its `cancel`

@@ -121,7 +121,9 @@ public final class NetworkPort: @unchecked Sendable {
     public let partialFrameMemoryLimit: Int
     let handler: @Sendable (PortEnvelope) -> PortEnvelope?
 
-    private let lock = Lock()
+    /// Guards `state`; never waited for in a child after `fork()` on a
+    /// parent thread's account (`ForkRepairedLock`).
+    private let lock = ForkRepairedLock()
     private var state = State()
     /// Where the loop's thread reads into: 64 KiB per read.
     private let chunk = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 << 10, alignment: 8)

@@ -1,5 +1,3 @@
-import CShims
-import Synchronization
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -90,12 +88,11 @@ public final class RemotePort: @unchecked Sendable {
     /// connection of its own: nil for a port with no address to go back
     /// to (received in a message, or made by `makeSendRight()`).
     private let reconnection: Reconnection?
-    /// Guards `state`; taken only through `stateLock`, which replaces it in
-    /// a process forked since it was last taken (`repairAfterFork`).
-    private let lock = GuardLock()
-    /// The fork epoch (`cshims_fork_epoch`) of the process `lock` was last
-    /// made good for; `Self.forkRepairing` while a thread repairs it.
-    private let lockEpoch: Atomic<UInt32>
+    /// Guards `state`. A child after `fork()` never waits for it on a
+    /// parent thread's account (`ForkRepairedLock`): it then finds the
+    /// parent's pid in `state` and makes a connection of its own
+    /// (`reconnectAfterFork`).
+    private let lock = ForkRepairedLock()
     private var state: State
 
     enum Reconnection {
@@ -152,10 +149,6 @@ public final class RemotePort: @unchecked Sendable {
     /// deinitialized); `reconnection` is how a child process gets a
     /// connection of its own.
     init(adopting fd: Int32, name: String?, transport: Transport = .local, reconnection: Reconnection? = nil) {
-        // Counts forks (the epoch) for `stateLock`, in a process that made
-        // no thread record or loop yet.
-        ForkHandlers.install()
-        lockEpoch = Atomic(cshims_fork_epoch())
         state = State(fd: fd, pid: getpid())
         self.name = name
         self.transport = transport
@@ -269,14 +262,14 @@ public final class RemotePort: @unchecked Sendable {
         // In a child that has not reconnected yet, the link is the parent's
         // (whose request lock a parent thread may have held at the fork):
         // none of its replies are this process's.
-        let link: Link? = stateLock.withLock { state.pid == getpid() ? state.link : nil }
+        let link: Link? = lock.withLock { state.pid == getpid() ? state.link : nil }
         guard let link else { return 0 }
         return link.requestLock.withLock { link.replyRingBuffers }
     }
 
     /// Whether the port can still send (false after `invalidate()`; a port
     /// whose owner is gone stays valid until a send finds out).
-    public var isValid: Bool { stateLock.withLock { state.valid } }
+    public var isValid: Bool { lock.withLock { state.valid } }
 
     /// Sends `message` one way, waiting at most `timeout` for room in the
     /// connection's buffer. Any thread; blocks at most `timeout`.
@@ -421,7 +414,7 @@ public final class RemotePort: @unchecked Sendable {
     /// thread; calling it again does nothing. The owner sees the connection
     /// close when the last copy closes.
     public func invalidate() {
-        let close: Int32? = stateLock.withLock {
+        let close: Int32? = lock.withLock {
             guard state.valid else { return nil }
             state.valid = false
             // A thread sending or waiting for a reply right now polls the
@@ -469,7 +462,7 @@ public final class RemotePort: @unchecked Sendable {
             fd = try PortSocketCalls.tcpConnect(host: host, port: port, before: deadline)
         }
         let link = Link()
-        let (inherited, parentLink): (Int32?, Link?) = stateLock.withLock {
+        let (inherited, parentLink): (Int32?, Link?) = lock.withLock {
             // Another thread of this process may have reconnected first, or
             // invalidated the port meanwhile: then this connection goes.
             guard state.valid, state.pid != pid else { return (fd, nil) }
@@ -489,45 +482,6 @@ public final class RemotePort: @unchecked Sendable {
         if let inherited { PortSocketCalls.close(inherited) }
     }
 
-    /// `lockEpoch` while a thread repairs the lock after a fork.
-    private static let forkRepairing = UInt32.max
-
-    /// The state's lock, made good first in a process forked since it was
-    /// last taken. Every hold of `lock` starts here: one relaxed load and
-    /// compare beyond the lock itself.
-    private var stateLock: GuardLock {
-        @inline(__always) get {
-            if lockEpoch.load(ordering: .relaxed) != cshims_fork_epoch() { repairAfterFork() }
-            return lock
-        }
-    }
-
-    /// In a child after `fork()`, the first time the state's lock is
-    /// wanted: a thread of the parent may have held it at the fork (one
-    /// sending or requesting, say), and nobody would release it here, so it
-    /// is made free again instead of waited for. One thread repairs: the
-    /// first to swap `lockEpoch` to `forkRepairing`; the others yield until
-    /// it holds the child's epoch. Nobody in the child can have taken the
-    /// lock before (every hold starts in `stateLock`), so freeing it steals
-    /// it from no one. The state it guards was written whole under the lock,
-    /// and the child then finds the parent's pid in it and makes a
-    /// connection of its own (`reconnectAfterFork`).
-    @inline(never)
-    private func repairAfterFork() {
-        let epoch = cshims_fork_epoch()
-        while true {
-            let seen = lockEpoch.load(ordering: .acquiring)
-            if seen == epoch { return }
-            if seen == Self.forkRepairing {
-                sched_yield()
-                continue
-            }
-            if lockEpoch.compareExchange(expected: seen, desired: Self.forkRepairing, ordering: .acquiring).exchanged { break }
-        }
-        lock.reinitializeAfterFork()
-        lockEpoch.store(epoch, ordering: .releasing)
-    }
-
     /// Runs `body` with the descriptor and its link, which stay open
     /// meanwhile even if another thread invalidates the port; an error after
     /// invalidation becomes `.invalidated`. In a process that inherited the
@@ -539,7 +493,7 @@ public final class RemotePort: @unchecked Sendable {
         let pid = getpid()
         var acquired: (Int32, Link)?
         while acquired == nil {
-            let current: (Int32, Link)? = try stateLock.withLock { () throws(PortError) -> (Int32, Link)? in
+            let current: (Int32, Link)? = try lock.withLock { () throws(PortError) -> (Int32, Link)? in
                 guard state.valid else { throw .invalidated }
                 guard state.pid == pid else { return nil }
                 state.users += 1
@@ -549,7 +503,7 @@ public final class RemotePort: @unchecked Sendable {
         }
         guard let (fd, link) = acquired else { misuse("RemotePort: no descriptor after the loop") }
         defer {
-            let close: Int32? = stateLock.withLock {
+            let close: Int32? = lock.withLock {
                 state.users -= 1
                 guard !state.valid, state.users == 0, state.fd >= 0 else { return nil }
                 defer { state.fd = -1 }

@@ -65,6 +65,7 @@ enum ForkHandlers {
         _ = FileSystemWatch.Registry.reactor
         _ = TimerQueue.shared
         _ = TimerWatch.WallClockRegistry.shared
+        _ = LockNames.table
         WorkerPool.prepareForFork()
         // The walk the child makes, made here first for the same reason
         // (epoch 0 records nothing).
@@ -75,6 +76,7 @@ enum ForkHandlers {
         // First: everything below, and every queue from now on, is of the
         // child's epoch (see `WorkQueue.repairAfterFork`).
         let epoch = UInt32(cshims_advance_fork_epoch())
+        LockNames.childAfterFork()
         LoopRegistry.childAfterFork()
         NativeThread.childAfterFork()
         WorkerPool.childAfterForkAll()
