@@ -45,7 +45,10 @@ import Glibc
 /// received in a message, or made by `NamedPort.makeSendRight()`) throws
 /// `.inheritedAcrossFork` in the child instead: look the port up by name
 /// there, or have it sent a send right of its own after the fork. The
-/// parent's connection is untouched by anything the child does.
+/// parent's connection is untouched by anything the child does. A child
+/// forked while other threads of the parent were sending or waiting for
+/// replies on the port never waits for them (they do not exist in the
+/// child): the port's state lock is freed on the child's first use.
 ///
 /// ## Blocking
 ///
