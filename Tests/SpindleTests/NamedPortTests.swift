@@ -1345,7 +1345,8 @@ private func readReplyIDs(_ raw: Int32, count: Int) -> [UInt32] {
 
 @Suite("NamedPort slow requesters")
 struct NamedPortSlowRequesterTests {
-    /// Ten requesters ask for 8 KiB replies, 100 each, and never read.
+    /// Ten requesters ask for 8 KiB replies, up to 300 each (more than a
+    /// socket buffer and the bound hold), and never read.
     /// The loop is not held up: a timer on the same loop keeps firing and
     /// a requester that reads gets each of its replies, in order, within
     /// a reply timeout far below what the ten would have cost when a reply
@@ -1378,7 +1379,7 @@ struct NamedPortSlowRequesterTests {
         #expect(hogs.allSatisfy { $0 >= 0 })
         for (h, hog) in hogs.enumerated() {
             // A hog the port closed before it sent them all is fine.
-            _ = sendRecords(hog, (0..<100).map { rawRequest(id: 1_000_000 + UInt32(h * 1000 + $0), sequence: UInt64($0 + 1)) })
+            _ = sendRecords(hog, (0..<300).map { rawRequest(id: 1_000_000 + UInt32(h * 1000 + $0), sequence: UInt64($0 + 1)) })
         }
         let ticksAtStart = ticks.withLock { $0 }
         let deadline = MonotonicClock.now + .seconds(30)
