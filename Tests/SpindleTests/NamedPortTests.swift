@@ -1207,7 +1207,8 @@ struct RemotePortRequestDeadlineTests {
 @Suite("RemotePort across fork while in use")
 struct RemotePortForkWhileInUseTests {
     /// Two threads hammer ports (requests on a looked-up `RemotePort`, and
-    /// on a send right with no name) while the main thread forks 150 times.
+    /// on a send right with no name) and two more read their state without
+    /// pause while the main thread forks 150 times.
     /// Every child uses both inherited ports at once: the looked-up one
     /// makes a connection of its own and gets its own reply, the unnamed
     /// one throws `.inheritedAcrossFork`; and every child exits promptly,
@@ -1248,7 +1249,17 @@ private func forkWhileHammering(children: Int) -> Int32 {
             }
         },
     ]
-    guard hammers.allSatisfy({ $0 != nil }) else { return 5 }
+    // Two more that only read the ports' state, in tight loops: the
+    // state locks are held a good part of the time, so many forks find
+    // one held.
+    let readers = [remote, right].map { port in
+        try? NativeThread.start {
+            var valid = 0
+            while !stop.withLock({ $0 }) { if port.isValid { valid += 1 } }
+            return valid
+        }
+    }
+    guard hammers.allSatisfy({ $0 != nil }), readers.allSatisfy({ $0 != nil }) else { return 5 }
     var code: Int32 = 0
     for n in 0..<children {
         let child = fork()
@@ -1282,6 +1293,7 @@ private func forkWhileHammering(children: Int) -> Int32 {
     }
     stop.withLock { $0 = true }
     for h in hammers { try? h?.join() }
+    for r in readers { _ = try? r?.join() }
     if code == 0 && failures.withLock({ $0 }) != 0 { code = 11 }
     remote.invalidate()
     right.invalidate()
