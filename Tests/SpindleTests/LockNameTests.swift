@@ -105,3 +105,66 @@ struct LockNameTests {
 private func errorText(_ result: ExitTest.Result?) -> String {
     result.map { String(decoding: $0.standardErrorContent, as: UTF8.self) } ?? ""
 }
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+@Suite("Lock names across fork")
+struct LockNameForkTests {
+    /// A thread names and frees locks without pause (each takes the name
+    /// table's lock) while the main thread forks 200 times; every child
+    /// names and frees a lock of its own and exits promptly, even one
+    /// forked while that thread held the table's lock: the child starts
+    /// from an empty table (the parent's names are not the child's).
+    @Test func childrenForkedWhileAThreadNamesLocksNameTheirOwnAndExit() async {
+        await #expect(processExitsWith: .success) {
+            exit(forkWhileNamingLocks(children: 200))
+        }
+    }
+}
+
+private func forkWhileNamingLocks(children: Int) -> Int32 {
+    let stop = LockedValue(false)
+    let kept = Lock()
+    kept.name = "kept"
+    guard let namer = try? NativeThread.start({
+        var i = 0
+        while !stop.withLock({ $0 }) {
+            let lock = Lock()
+            lock.name = "hammered-\(i)"
+            i += 1
+        }
+    }) else { return 2 }
+    var code: Int32 = 0
+    for _ in 0..<children {
+        let child = fork()
+        if child == 0 {
+            armHangAlarm(seconds: 20)
+            do {
+                let mine = Lock()
+                mine.name = "child"
+                guard mine.name == "child" else { _exit(3) }
+                guard kept.name == nil else { _exit(6) }
+            }
+            _exit(0)
+        }
+        guard child > 0 else {
+            code = 4
+            break
+        }
+        var status: Int32 = 0
+        guard waitpid(child, &status, 0) == child else {
+            code = 5
+            break
+        }
+        if status != 0 {
+            // A child killed by SIGALRM (status 14) hung.
+            code = 10 + min((status & 0x7f) != 0 ? status & 0x7f : (status >> 8) & 0xff, 100)
+            break
+        }
+    }
+    stop.withLock { $0 = true }
+    try? namer.join()
+    return code
+}

@@ -1159,3 +1159,298 @@ private func preForkServerSenders() -> Int32 {
     let code = waitFor(ownerPID)
     return code == 0 ? 0 : 150 + min(code, 100)
 }
+
+@Suite("RemotePort request deadlines")
+struct RemotePortRequestDeadlineTests {
+    /// `sendRequest(_:before:)` takes one deadline for the whole exchange,
+    /// on any clock: a reply in time comes back; a handler that holds the
+    /// reply past the deadline gives `.replyTimedOut`, and so does a
+    /// deadline already passed (one look, no wait); the late reply is
+    /// skipped by the next request, whose reply is its own.
+    @Test(arguments: availableBackends)
+    func aRequestTakesOneDeadlineOnAnyClock(kind: EventBackendKind) throws {
+        let name = uniqueName("request-deadline")
+        let held = Semaphore(value: 0)
+        let owner = try Owner(
+            NamedPort(name: name) { m in
+                if m.id >= 100 { held.wait() }
+                return PortEnvelope(id: m.id + 1)
+            }, backend: kind)
+        let remote = try RemotePort.lookup(name)
+        #expect(try remote.sendRequest(PortEnvelope(id: 1), before: ContinuousClock.now + .seconds(10)).id == 2)
+        #expect(try remote.sendRequest(PortEnvelope(id: 3), before: SuspendingClock.now + .seconds(10)).id == 4)
+        #expect(try remote.sendRequest(PortEnvelope(id: 5), before: MonotonicClock.now + .seconds(10)).id == 6)
+        do {
+            _ = try remote.sendRequest(PortEnvelope(id: 100), before: ContinuousClock.now + .milliseconds(50))
+            Issue.record("a reply came from a handler that waits for a signal")
+        } catch {
+            guard case .replyTimedOut(let waited) = error else { throw error }
+            #expect(waited <= .milliseconds(50) && waited >= .zero)
+        }
+        _ = held.signal()
+        // A deadline already passed: the request is sent (its socket has
+        // room), the reply is looked for once, and it cannot be there yet.
+        do {
+            _ = try remote.sendRequest(PortEnvelope(id: 200), before: ContinuousClock.now - .seconds(1))
+            Issue.record("a reply came without waiting for a handler that waits for a signal")
+        } catch {
+            #expect(error == .replyTimedOut(after: .zero))
+        }
+        _ = held.signal()
+        // The two late replies (101, 201) are skipped.
+        #expect(try remote.sendRequest(PortEnvelope(id: 7), before: ContinuousClock.now + .seconds(10)).id == 8)
+        remote.invalidate()
+        try owner.finish()
+    }
+}
+
+@Suite("RemotePort across fork while in use")
+struct RemotePortForkWhileInUseTests {
+    /// Two threads hammer ports (requests on a looked-up `RemotePort`, and
+    /// on a send right with no name) and two more read their state without
+    /// pause while the main thread forks 150 times.
+    /// Every child uses both inherited ports at once: the looked-up one
+    /// makes a connection of its own and gets its own reply, the unnamed
+    /// one throws `.inheritedAcrossFork`; and every child exits promptly,
+    /// even one forked while a hammering thread held a port's state lock
+    /// (the child frees it instead of waiting for a thread it does not
+    /// have).
+    @Test func childrenForkedWhileThreadsUseAPortUseItAndExit() async {
+        await #expect(processExitsWith: .success) {
+            exit(forkWhileHammering(children: 150))
+        }
+    }
+}
+
+private func forkWhileHammering(children: Int) -> Int32 {
+    let name = uniqueName("forkhammer")
+    guard let (ownerPID, remote) = forkOwner(name, handler: { m in PortEnvelope(id: m.id, components: m.components) }) else { return 2 }
+    let local = NamedPort { m in PortEnvelope(id: m.id + 1) }
+    guard let loop = try? LoopThread.start() else { return 3 }
+    loop.loop.add(local)
+    guard let right = try? local.makeSendRight() else { return 4 }
+    let stop = LockedValue(false)
+    let failures = LockedValue(0)
+    let hammers = [
+        try? NativeThread.start {
+            var i: UInt32 = 0
+            while !stop.withLock({ $0 }) {
+                i &+= 1
+                let reply = try? remote.sendRequest(PortEnvelope(id: i, components: [bytes("p\(i)")]), timeout: .seconds(5), replyTimeout: .seconds(10))
+                if reply?.id != i || !remote.isValid { failures.withLock { $0 += 1 } }
+            }
+        },
+        try? NativeThread.start {
+            var i: UInt32 = 0
+            while !stop.withLock({ $0 }) {
+                i &+= 2
+                let reply = try? right.sendRequest(PortEnvelope(id: i), timeout: .seconds(5), replyTimeout: .seconds(10))
+                if reply?.id != i + 1 { failures.withLock { $0 += 1 } }
+            }
+        },
+    ]
+    // Two more that only read the ports' state, in tight loops: the
+    // state locks are held a good part of the time, so many forks find
+    // one held.
+    let readers = [remote, right].map { port in
+        try? NativeThread.start {
+            var valid = 0
+            while !stop.withLock({ $0 }) { if port.isValid { valid += 1 } }
+            return valid
+        }
+    }
+    guard hammers.allSatisfy({ $0 != nil }), readers.allSatisfy({ $0 != nil }) else { return 5 }
+    var code: Int32 = 0
+    for n in 0..<children {
+        let child = fork()
+        if child == 0 {
+            armHangAlarm(seconds: 20)
+            // Both at once, as the parent's threads were.
+            let mine = "child-\(n)"
+            guard let reply = try? remote.sendRequest(
+                PortEnvelope(id: 7, components: [bytes(mine)]), timeout: .seconds(5), replyTimeout: .seconds(10)),
+                reply.id == 7, text(reply) == mine
+            else { _exit(6) }
+            do throws(PortError) {
+                _ = try right.sendRequest(PortEnvelope(id: 8), timeout: .seconds(1), replyTimeout: .seconds(1))
+                _exit(7)
+            } catch {
+                guard error == .inheritedAcrossFork(nil) else { _exit(8) }
+            }
+            guard remote.isValid, right.isValid else { _exit(9) }
+            _exit(0)
+        }
+        guard child > 0 else {
+            code = 10
+            break
+        }
+        let status = waitFor(child)
+        if status != 0 {
+            // 128 + SIGALRM (142): the child hung.
+            code = 100 + min(status, 150)
+            break
+        }
+    }
+    stop.withLock { $0 = true }
+    for h in hammers { try? h?.join() }
+    for r in readers { _ = try? r?.join() }
+    if code == 0 && failures.withLock({ $0 }) != 0 { code = 11 }
+    remote.invalidate()
+    right.invalidate()
+    local.invalidate()
+    loop.stop()
+    try? loop.join()
+    let ownerCode = waitFor(ownerPID)
+    if code == 0 && ownerCode != 0 { code = 12 }
+    return code
+}
+
+/// Connects to `name` as a bare socket, waits for the port's greeting and
+/// returns the descriptor (-1 on failure): a requester that reads only when
+/// the test says so.
+private func rawRequester(_ name: String) -> Int32 {
+    let address = Array("spindle.\(geteuid()).\(name)".utf8)
+    let raw = address.withUnsafeBufferPointer { cshims_port_connect($0.baseAddress, $0.count, -1) }
+    var greeting = [UInt8](repeating: 0, count: 64)
+    guard raw >= 0, cshims_port_poll(raw, 1, 5_000_000_000) == 1, read(raw, &greeting, 64) == 24 else { return -1 }
+    return raw
+}
+
+/// A request record with no components, as `RemotePort` encodes one.
+private func rawRequest(id: UInt32, sequence: UInt64) -> [UInt8] {
+    var bytes: [UInt8] = []
+    withUnsafeBytes(of: UInt32(0x504E_5053).littleEndian) { bytes += $0 }
+    bytes += [1, 0, 0, 0]
+    withUnsafeBytes(of: id.littleEndian) { bytes += $0 }
+    withUnsafeBytes(of: UInt32(0).littleEndian) { bytes += $0 }
+    withUnsafeBytes(of: sequence.littleEndian) { bytes += $0 }
+    return bytes
+}
+
+/// Sends each record on `raw`, waiting for room (at most 5 s each); false
+/// once one cannot go (the port closed the connection, say).
+private func sendRecords(_ raw: Int32, _ records: [[UInt8]]) -> Bool {
+    for record in records {
+        let deadline = MonotonicClock.now + .seconds(5)
+        while true {
+            let rc = record.withUnsafeBytes { cshims_port_send(raw, $0.baseAddress, $0.count, nil, 0) }
+            if rc == record.count { break }
+            guard rc == -Int(EAGAIN), MonotonicClock.now < deadline else { return false }
+            _ = cshims_port_poll(raw, 2, 100_000_000)
+        }
+    }
+    return true
+}
+
+/// Reads `count` reply records from `raw` and returns their ids in order
+/// (fewer if the connection ends or nothing comes for 10 s).
+private func readReplyIDs(_ raw: Int32, count: Int) -> [UInt32] {
+    var ids: [UInt32] = []
+    var buffer = [UInt8](repeating: 0, count: 128 << 10)
+    while ids.count < count, cshims_port_poll(raw, 1, 10_000_000_000) == 1 {
+        let n = read(raw, &buffer, buffer.count)
+        guard n >= 24, buffer[4] == 2 else { break }
+        ids.append(buffer.withUnsafeBytes { UInt32(littleEndian: $0.loadUnaligned(fromByteOffset: 8, as: UInt32.self)) })
+    }
+    return ids
+}
+
+@Suite("NamedPort slow requesters")
+struct NamedPortSlowRequesterTests {
+    /// Ten requesters ask for 8 KiB replies, up to 300 each (more than a
+    /// socket buffer and the bound hold), and never read.
+    /// The loop is not held up: a timer on the same loop keeps firing and
+    /// a requester that reads gets each of its replies, in order, within
+    /// a reply timeout far below what the ten would have cost when a reply
+    /// waited on the loop's thread (a second each). Once 64 KiB of replies
+    /// wait for a non-reader, its connection is closed and reported as
+    /// `.replyBacklogExceeded`, ten times; the reader's connection goes on.
+    @Test(arguments: availableBackends)
+    func requestersThatDoNotReadAreClosedAndHoldUpNobody(kind: EventBackendKind) throws {
+        let name = uniqueName("slowrequesters")
+        let drops = LockedValue<[PortError]>([])
+        let big = [UInt8](repeating: 0x5A, count: 8 << 10)
+        let namedPort = try NamedPort(name: name, replyBacklogLimit: 64 << 10) { m in
+            m.id >= 1_000_000 ? PortEnvelope(id: m.id, components: [.bytes(big)]) : PortEnvelope(id: m.id + 1)
+        }
+        #expect(namedPort.replyBacklogLimit == 64 << 10)
+        namedPort.onDroppedConnection { error in drops.withLock { $0.append(error) } }
+        let owner = try Owner(namedPort, backend: kind)
+        let ticks = LockedValue(0)
+        let timer = LoopTimer(fireAt: MonotonicClock.now, interval: .milliseconds(2)) { _ in ticks.withLock { $0 += 1 } }
+        owner.thread.loop.add(timer)
+        let reader = try RemotePort.lookup(name)
+        var nextID: UInt32 = 0
+        func exchange() throws {
+            nextID += 2
+            let reply = try reader.sendRequest(PortEnvelope(id: nextID), timeout: .seconds(5), replyTimeout: .seconds(3))
+            #expect(reply.id == nextID + 1)
+        }
+        try exchange()
+        let hogs = (0..<10).map { _ in rawRequester(name) }
+        #expect(hogs.allSatisfy { $0 >= 0 })
+        for (h, hog) in hogs.enumerated() {
+            // A hog the port closed before it sent them all is fine.
+            _ = sendRecords(hog, (0..<300).map { rawRequest(id: 1_000_000 + UInt32(h * 1000 + $0), sequence: UInt64($0 + 1)) })
+        }
+        let ticksAtStart = ticks.withLock { $0 }
+        let deadline = MonotonicClock.now + .seconds(30)
+        while drops.withLock({ $0.count }) < 10 && MonotonicClock.now < deadline {
+            try exchange()
+            usleep(5_000)
+        }
+        // The timer went on firing while the ten waited on the loop.
+        let tickDeadline = MonotonicClock.now + .seconds(10)
+        while ticks.withLock({ $0 }) <= ticksAtStart + 5 && MonotonicClock.now < tickDeadline { usleep(1_000) }
+        #expect(ticks.withLock { $0 } > ticksAtStart + 5)
+        let reasons = drops.withLock { $0 }
+        #expect(reasons.count == 10)
+        for reason in reasons {
+            guard case .replyBacklogExceeded(let bytes, let limit) = reason else {
+                Issue.record("dropped for \(reason)")
+                continue
+            }
+            #expect(limit == 64 << 10 && bytes > limit)
+        }
+        for hog in hogs {
+            // Each hog's connection was closed by the port: its end reads
+            // the replies the socket held, then the end.
+            var buffer = [UInt8](repeating: 0, count: 128 << 10)
+            var ended = false
+            while cshims_port_poll(hog, 1, 5_000_000_000) == 1 {
+                if read(hog, &buffer, buffer.count) <= 0 {
+                    ended = true
+                    break
+                }
+            }
+            #expect(ended)
+            close(hog)
+        }
+        #expect(namedPort.connectionCount == 1)
+        try exchange()
+        owner.thread.loop.remove(timer)
+        reader.invalidate()
+        try owner.finish()
+    }
+
+    /// A requester that sends 60 requests for 8 KiB replies at once and
+    /// only then reads gets all of them, in order: what its socket did not
+    /// take waited on the connection (under the default 4 MiB limit).
+    @Test(arguments: availableBackends)
+    func repliesQueuedForASlowReaderAllArriveInOrder(kind: EventBackendKind) throws {
+        let name = uniqueName("slowreader")
+        let big = [UInt8](repeating: 0x33, count: 8 << 10)
+        let drops = LockedValue<[PortError]>([])
+        let namedPort = try NamedPort(name: name) { m in PortEnvelope(id: m.id, components: [.bytes(big)]) }
+        namedPort.onDroppedConnection { error in drops.withLock { $0.append(error) } }
+        let owner = try Owner(namedPort, backend: kind)
+        let slow = rawRequester(name)
+        #expect(slow >= 0)
+        #expect(sendRecords(slow, (0..<60).map { rawRequest(id: 500 + UInt32($0), sequence: UInt64($0 + 1)) }))
+        usleep(100_000)  // let the replies pile up; the test holds whatever the timing
+        #expect(readReplyIDs(slow, count: 60) == (0..<60).map { 500 + UInt32($0) })
+        close(slow)
+        #expect(drops.withLock { $0 }.isEmpty)
+        try owner.finish()
+    }
+}

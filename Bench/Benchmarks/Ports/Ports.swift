@@ -373,6 +373,67 @@ func socketpairBatch(_ size: Int) -> BatchDriver {
     }
 }
 
+// MARK: Values between threads of one process
+
+/// What the value rows carry: a small Sendable struct with a heap part,
+/// as a job or an event between threads would be.
+struct SampleValue: Sendable {
+    let id: Int
+    let label: String
+}
+
+/// LocalValuePort: n values to a port on a loop thread, then one (id -1)
+/// that tells the driver the receiver has taken them all (a port delivers
+/// in send order).
+func localValuePortBatch() -> BatchDriver {
+    let receiver = try! LoopThread.start()
+    let finished = DispatchSemaphore(value: 0)
+    let port = LocalValuePort<SampleValue> { v in if v.id < 0 { finished.signal() } }
+    port.schedule(in: receiver.loop)
+    return BatchDriver {
+        let value = SampleValue(id: 1, label: "a value between threads")
+        return { n in
+            for _ in 0..<n { try! port.send(value, timeout: .seconds(10)) }
+            try! port.send(SampleValue(id: -1, label: ""), timeout: .seconds(10))
+            finished.wait()
+        }
+    }
+}
+
+/// AsyncStream: n values yielded to a stream a task iterates (on Swift's
+/// global executor), then one (id -1) that signals the driver.
+func asyncStreamBatch() -> BatchDriver {
+    let (stream, continuation) = AsyncStream.makeStream(of: SampleValue.self, bufferingPolicy: .unbounded)
+    let finished = DispatchSemaphore(value: 0)
+    Task.detached {
+        for await v in stream where v.id < 0 { finished.signal() }
+    }
+    return BatchDriver {
+        let value = SampleValue(id: 1, label: "a value between threads")
+        return { n in
+            for _ in 0..<n { continuation.yield(value) }
+            continuation.yield(SampleValue(id: -1, label: ""))
+            finished.wait()
+        }
+    }
+}
+
+/// A serial Dispatch queue: each value handed off in a block, then a block
+/// that signals the driver.
+func dispatchHandOffBatch() -> BatchDriver {
+    let queue = DispatchQueue(label: "bench.values")
+    let finished = DispatchSemaphore(value: 0)
+    let received = LockedValue(0)
+    return BatchDriver {
+        let value = SampleValue(id: 1, label: "a value between threads")
+        return { n in
+            for _ in 0..<n { queue.async { if value.id > 0 { received.withLock { $0 += 1 } } } }
+            queue.async { finished.signal() }
+            finished.wait()
+        }
+    }
+}
+
 nonisolated(unsafe) var batchDrivers: [String: BatchDriver] = [:]
 
 func batchDriver(_ name: String, _ make: () -> BatchDriver) -> BatchDriver {
@@ -465,4 +526,25 @@ let benchmarks: @Sendable () -> Void = {
             },
         ])
     }
+
+    // A Sendable value from one thread to another in the same process, one
+    // way: LocalValuePort beside LocalPort (16 bytes) and the peers a user
+    // would pick instead, an AsyncStream and a serial Dispatch queue.
+    let valueSettings = RunSettings(
+        scalingFactor: .one, maxDuration: .seconds(1), maxIterations: 50, warmupIterations: 2,
+        reportedMetrics: [.cpuPerOperation], operationsPerIteration: 1_000)
+    sideBySide(group: "ports.values oneway", settings: valueSettings, implementations: [
+        Implementation("Spindle.LocalValuePort", isReference: false) { _ in
+            batchDriver("LocalValuePort") { localValuePortBatch() }.run(1_000)
+        },
+        Implementation("Spindle.LocalPort 16B", isReference: false) { _ in
+            batchDriver("LocalPort 16B") { localPortBatch(16) }.run(1_000)
+        },
+        .peer("AsyncStream") { _ in
+            batchDriver("AsyncStream") { asyncStreamBatch() }.run(1_000)
+        },
+        .reference("DispatchQueue.async") { _ in
+            batchDriver("DispatchQueue.async") { dispatchHandOffBatch() }.run(1_000)
+        },
+    ])
 }

@@ -35,6 +35,9 @@ enum LockNames {
 
     /// Names (or, for nil, unnames) the lock whose first word is at `word`.
     static func setName(_ name: String?, at word: UnsafeRawPointer) {
+        // A process with named locks empties the table in a child after
+        // `fork()` (`childAfterFork`).
+        _ = forkHandlersRegistered
         table.withLock { table in
             let before = table.count
             table[key(word)] = name
@@ -50,6 +53,26 @@ enum LockNames {
                 entries.subtract(1, ordering: .relaxed)
             }
         }
+    }
+
+    /// The table's fork handlers: made in the parent before each fork, so
+    /// the child's handler allocates nothing; emptied in the child.
+    static let forkHandlersRegistered: Void = {
+        ForkHandlers.register(.locks, prepare: { _ = LockNames.table }, child: { _ in LockNames.childAfterFork() })
+    }()
+
+    /// In a child after `fork()` (`ForkHandlers`' child handler, the only
+    /// thread): a thread of the parent may have held the table's lock, in
+    /// the middle of a change, and nobody would release it here, so the
+    /// next lock the child frees (whose deinit calls `forget`) would wait
+    /// for good. The table is left in memory unreleased (it may be half
+    /// changed) and replaced by an empty one, its lock freed: in the child,
+    /// the parent's locks are unnamed. Takes no lock, allocates nothing
+    /// (the table was made in the parent, by the prepare handler).
+    static func childAfterFork() {
+        table.valuePointer.initialize(to: [:])
+        table.storage.withUnsafeMutablePointerToElements { $0.update(repeating: 0, count: FutexMutex.wordCount) }
+        entries.store(0, ordering: .relaxed)
     }
 
     /// `Lock "db"` for a named lock, `Lock` otherwise: how misuse messages

@@ -49,9 +49,12 @@
 /// socket and each connection are descriptor sources of that loop. The
 /// handler runs on the loop's thread with one message; for a request, what
 /// it returns is sent back as the reply (an empty envelope with the
-/// request's id if it returns nil), waiting at most one second for room in
-/// the requester's buffer (a requester that stopped reading loses its
-/// connection). A malformed or truncated message is an error on its
+/// request's id if it returns nil). A reply never waits on the loop's
+/// thread: one the requester's socket does not take at once is queued on
+/// its connection and sent as the socket drains, in order, so a requester
+/// that stops reading holds up only itself; once `replyBacklogLimit` bytes
+/// of replies wait, its next reply closes the connection (reported to
+/// `onDroppedConnection` as `.replyBacklogExceeded`). A malformed or truncated message is an error on its
 /// connection only: that connection is closed, counted in
 /// `malformedMessages`, reported to the handlers given to
 /// `onDroppedConnection(_:)`, and the others go on. A message is one sequenced
@@ -103,9 +106,17 @@ public final class NamedPort: @unchecked Sendable {
     public let name: String?
     /// Which users it accepts.
     public let access: Access
+    /// How many reply bytes a connection may have waiting for its
+    /// requester to read before the port closes it (`.replyBacklogExceeded`).
+    /// A reply is queued while fewer than this many wait, so one reply of
+    /// any size always fits. A reply's bytes are its buffers' and its
+    /// record's header.
+    public let replyBacklogLimit: Int
     let handler: @Sendable (PortEnvelope) -> PortEnvelope?
 
-    private let lock = Lock()
+    /// Guards `state`; never waited for in a child after `fork()` on a
+    /// parent thread's account (`ForkRepairedLock`).
+    private let lock = ForkRepairedLock()
     private var state = State()
     private let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: PortWire.recordCapacity, alignment: 8)
     /// Keeps the loop's modes from missing the loop's death: its `cancel`
@@ -115,10 +126,16 @@ public final class NamedPort: @unchecked Sendable {
     /// (`PortAcceptPacing`).
     private let acceptPacing: PortAcceptPacing
 
+    private struct Connection {
+        let source: LoopSource
+        /// Replies the socket did not take at once, sent as it drains.
+        let replies: PortReplyOutbox<PortRecordReply>
+    }
+
     private struct State {
         var valid = true
         var listener: (fd: Int32, source: LoopSource)?
-        var connections: [Int32: LoopSource] = [:]
+        var connections: [Int32: Connection] = [:]
         var membership = PortLoopMembership()
         var invalidationHandlers: [@Sendable (NamedPort) -> Void] = []
         var dropHandlers: [@Sendable (PortError) -> Void] = []
@@ -129,22 +146,30 @@ public final class NamedPort: @unchecked Sendable {
 
     /// Publishes a port as `name` for the processes of the users `access`
     /// admits. Its messages reach `handler` once the port is added to a
-    /// loop; connections made before wait for that. Never blocks.
+    /// loop; connections made before wait for that. A connection with
+    /// `replyBacklogLimit` bytes of replies or more waiting for its
+    /// requester to read is closed at its next reply (4 MiB by default).
+    /// Never blocks.
+    ///
+    /// Misuse: a `replyBacklogLimit` of zero or less is a precondition
+    /// failure.
     ///
     /// - Throws: `.nameTaken` if the name is published already, with the
     ///   user and process that hold it when a probe connection can tell;
     ///   `.system` if the kernel refuses the socket.
     public init(
-        name: String, access: Access = .sameUser,
+        name: String, access: Access = .sameUser, replyBacklogLimit: Int = 4 << 20,
         _ handler: @escaping @Sendable (PortEnvelope) -> PortEnvelope?
     ) throws(PortError) {
         PortSocketCalls.checkName(name, "NamedPort.init")
+        require(replyBacklogLimit > 0, "NamedPort.init: `replyBacklogLimit` is \(replyBacklogLimit); it must be positive")
         let fd = try PortSocketCalls.listen(name)
         self.name = name
         self.access = access
+        self.replyBacklogLimit = replyBacklogLimit
         self.handler = handler
         let reference = NamedPortReference()
-        acceptPacing = PortAcceptPacing { reference.port?.resumeAccepting() }
+        acceptPacing = PortAcceptPacing { reference.port?.rearmListener() }
         sentinel = Self.makeSentinel(reference)
         // The listener's source holds the port (and the port the source)
         // until invalidation: a published name is given back explicitly.
@@ -155,13 +180,20 @@ public final class NamedPort: @unchecked Sendable {
     }
 
     /// An unpublished port: reachable only through the send rights it
-    /// hands out (`makeSendRight()`), e.g. as a port to answer on.
-    public init(_ handler: @escaping @Sendable (PortEnvelope) -> PortEnvelope?) {
+    /// hands out (`makeSendRight()`), e.g. as a port to answer on. Replies
+    /// wait for their requesters as with a published port, up to
+    /// `replyBacklogLimit` bytes per connection (4 MiB by default).
+    ///
+    /// Misuse: a `replyBacklogLimit` of zero or less is a precondition
+    /// failure.
+    public init(replyBacklogLimit: Int = 4 << 20, _ handler: @escaping @Sendable (PortEnvelope) -> PortEnvelope?) {
+        require(replyBacklogLimit > 0, "NamedPort.init: `replyBacklogLimit` is \(replyBacklogLimit); it must be positive")
         name = nil
         access = .sameUser
+        self.replyBacklogLimit = replyBacklogLimit
         self.handler = handler
         let reference = NamedPortReference()
-        acceptPacing = PortAcceptPacing { reference.port?.resumeAccepting() }
+        acceptPacing = PortAcceptPacing { reference.port?.rearmListener() }
         sentinel = Self.makeSentinel(reference)
         reference.port = self
     }
@@ -199,8 +231,9 @@ public final class NamedPort: @unchecked Sendable {
     /// connection is closed and counted, with why:
     /// `.malformed` for a message that is truncated or does not add up, or
     /// a kind a listening port never receives (each also counted in
-    /// `malformedMessages`); the send's error for a greeting or a reply that
-    /// could not be sent. Not for a peer that closes its end (before its
+    /// `malformedMessages`); `.replyBacklogExceeded` for a requester that
+    /// left `replyBacklogLimit` reply bytes unread; the send's error for a
+    /// greeting or a reply that could not be sent. Not for a peer that closes its end (before its
     /// greeting too, as the probe of a `NamedPort.init` that finds the
     /// name taken does), nor for the
     /// port's own invalidation, nor for a refused user (counted in
@@ -252,7 +285,8 @@ public final class NamedPort: @unchecked Sendable {
     private func allSources() -> [LoopSource] {
         var all = [sentinel]
         if let listener = state.listener { all.append(listener.source) }
-        all.append(contentsOf: state.connections.values)
+        all.append(contentsOf: state.connections.values.map(\.source))
+        all.append(contentsOf: state.connections.values.compactMap(\.replies.currentWriter))
         return all
     }
 
@@ -263,11 +297,13 @@ public final class NamedPort: @unchecked Sendable {
         // they stay mapped while its handler runs, and the connection's own
         // ring for large buffers in replies.
         let rings = PortReceiveRings()
-        let replyRing = PortSendRing()
-        let source = LoopSource(descriptor: fd) { _, _ in self.receiveOne(on: fd, rings: rings, replyRing: replyRing) }
+        let source = LoopSource(descriptor: fd) { _, _ in self.receiveOne(on: fd, rings: rings) }
+        let replies = PortReplyOutbox<PortRecordReply>(recordsOf: fd, ring: PortSendRing(), limit: replyBacklogLimit) { error in
+            self.drop(fd, reason: error == .peerGone ? nil : error)
+        }
         let placement: (ThreadLoop?, [LoopMode])? = lock.withLock {
             guard state.valid else { return nil }
-            state.connections[fd] = source
+            state.connections[fd] = Connection(source: source, replies: replies)
             return (state.membership.loop, state.membership.currentModes)
         }
         guard let (loop, modes) = placement else {
@@ -281,13 +317,14 @@ public final class NamedPort: @unchecked Sendable {
     /// `malformedMessages` if `malformed`, and tells the drop handlers
     /// `reason` (nil: the peer closed its end, told to nobody).
     private func drop(_ fd: Int32, malformed: Bool = false, reason: PortError? = nil) {
-        let dropped: (LoopSource, [@Sendable (PortError) -> Void])? = lock.withLock {
-            guard let source = state.connections.removeValue(forKey: fd) else { return nil }
+        let dropped: (Connection, [@Sendable (PortError) -> Void])? = lock.withLock {
+            guard let connection = state.connections.removeValue(forKey: fd) else { return nil }
             if malformed { state.malformed += 1 }
-            return (source, state.dropHandlers)
+            return (connection, state.dropHandlers)
         }
-        guard let (source, handlers) = dropped else { return }
-        source.invalidate()
+        guard let (connection, handlers) = dropped else { return }
+        connection.replies.close()
+        connection.source.invalidate()
         PortSocketCalls.shutdown(fd)
         PortSocketCalls.close(fd)
         if let reason { for handler in handlers { handler(reason) } }
@@ -296,39 +333,40 @@ public final class NamedPort: @unchecked Sendable {
     // MARK: Receiving (the loop's thread)
 
     /// Accepts every waiting connection: checks its user, greets it, and
-    /// adds it to the loop (or refuses and closes it).
+    /// adds it to the loop (or refuses and closes it). `acceptPacing` runs
+    /// the loop and backs off when descriptors run out.
     private func acceptWaiting() {
         guard let listener = lock.withLock({ state.listener?.fd }) else { return }
-        while true {
-            let fd: Int32
-            switch PortSocketCalls.accept(listener) {
-            case .connection(let accepted):
-                fd = accepted
-                acceptPacing.accepted()
-            case .none:
-                return finishAccepting(exhausted: nil)
-            case .exhausted(let code):
-                return finishAccepting(exhausted: code)
-            }
-            let admitted = (try? PortSocketCalls.peerUID(fd)).map(access.admits) ?? false
-            guard admitted else {
-                lock.withLock { state.refused += 1 }
-                _ = try? PortSocketCalls.send(fd, PortWire.bare(.refused), fds: [], before: .now)
-                PortSocketCalls.close(fd)
-                continue
-            }
-            // Adopted before the greeting, so that once the peer can send,
-            // an invalidation finds (and closes) its connection.
-            adopt(fd)
-            do throws(PortError) {
-                try PortSocketCalls.send(fd, PortWire.bare(.welcome), fds: [], before: .now)
-            } catch {
-                // A peer that left before its greeting (a probe from a
-                // `NamedPort.init` that found the name taken, say) closed
-                // its end: told to nobody.
-                drop(fd, reason: error == .peerGone ? nil : error)
-            }
+        acceptPacing.acceptAll(on: listener, take: admit, report: report)
+    }
+
+    /// A connection just accepted: refused if its user is not admitted,
+    /// else adopted and greeted. Always goes on accepting.
+    private func admit(_ fd: Int32) -> Bool {
+        let admitted = (try? PortSocketCalls.peerUID(fd)).map(access.admits) ?? false
+        guard admitted else {
+            lock.withLock { state.refused += 1 }
+            _ = try? PortSocketCalls.send(fd, PortWire.bare(.refused), fds: [], before: .now)
+            PortSocketCalls.close(fd)
+            return true
         }
+        // Adopted before the greeting, so that once the peer can send,
+        // an invalidation finds (and closes) its connection.
+        adopt(fd)
+        do throws(PortError) {
+            try PortSocketCalls.send(fd, PortWire.bare(.welcome), fds: [], before: .now)
+        } catch {
+            // A peer that left before its greeting (a probe from a
+            // `NamedPort.init` that found the name taken, say) closed
+            // its end: told to nobody.
+            drop(fd, reason: error == .peerGone ? nil : error)
+        }
+        return true
+    }
+
+    /// Tells the drop handlers `error` (an exhausted `accept`).
+    private func report(_ error: PortError) {
+        for handler in lock.withLock({ state.dropHandlers }) { handler(error) }
     }
 
     /// Accepts that failed because the process or the system was out of
@@ -336,22 +374,8 @@ public final class NamedPort: @unchecked Sendable {
     /// drop handlers. Any thread; takes a short lock; stale at once.
     public var exhaustedAccepts: Int { acceptPacing.failureCount }
 
-    /// The accept handler's end: re-arms the listener, unless `accept` ran
-    /// out of descriptors (errno `code`), which leaves it unarmed until
-    /// `acceptPacing`'s timer (reporting the first failure of a run).
-    private func finishAccepting(exhausted code: Int32?) {
-        let (loop, source, handlers) = lock.withLock { (state.membership.loop, state.listener?.source, state.dropHandlers) }
-        guard let code else {
-            if let loop, let source { loop.rearm(source) }
-            return
-        }
-        if acceptPacing.exhausted() {
-            for handler in handlers { handler(.system(SystemCallError(call: "accept", code: code))) }
-        }
-    }
-
-    /// `acceptPacing`'s timer: watch the listener again.
-    fileprivate func resumeAccepting() {
+    /// Watches the listener again (`acceptPacing`).
+    fileprivate func rearmListener() {
         let (loop, source) = lock.withLock { (state.membership.loop, state.listener?.source) }
         if let loop, let source { loop.rearm(source) }
     }
@@ -359,7 +383,7 @@ public final class NamedPort: @unchecked Sendable {
     /// Receives one message from a connection and hands it to the handler
     /// (and, for a request, sends its reply). The loop calls again while the
     /// connection stays readable: one message per call.
-    private func receiveOne(on fd: Int32, rings: PortReceiveRings, replyRing: PortSendRing) {
+    private func receiveOne(on fd: Int32, rings: PortReceiveRings) {
         switch PortSocketCalls.receive(fd, into: buffer) {
         case .nothing:
             return
@@ -386,8 +410,7 @@ public final class NamedPort: @unchecked Sendable {
             case .request:
                 let reply = handler(decoded.envelope) ?? PortEnvelope(id: decoded.envelope.id)
                 do throws(PortError) {
-                    try replyRing.send(
-                        reply, kind: .reply, sequence: decoded.sequence, on: fd, before: MonotonicClock.now.advanced(by: .seconds(1)))
+                    try queueReply(PortRecordReply(envelope: reply, sequence: decoded.sequence), on: fd)
                 } catch {
                     drop(fd, reason: error == .peerGone ? nil : error)
                 }
@@ -398,6 +421,19 @@ public final class NamedPort: @unchecked Sendable {
                 drop(fd, malformed: true, reason: .malformed("a \(decoded.kind) message, which a listening port never receives"))
             }
         }
+    }
+
+    /// Sends `reply` on `fd` if the socket takes it now, else queues it
+    /// behind the connection's earlier replies, to go as the socket drains
+    /// (`PortReplyOutbox`): a requester that does not read holds up only
+    /// its own connection, never the loop. Throws `.replyBacklogExceeded`
+    /// if `replyBacklogLimit` bytes or more wait already, and the send's
+    /// error; the caller drops the connection.
+    private func queueReply(_ reply: PortRecordReply, on fd: Int32) throws(PortError) {
+        guard let replies = lock.withLock({ state.connections[fd]?.replies }) else { return }  // dropped meanwhile
+        guard let writer = try replies.send(reply) else { return }
+        let (loop, modes) = lock.withLock { (state.membership.loop, state.membership.currentModes) }
+        if let loop { for m in modes { loop.add(writer, forMode: m) } }
     }
 
     // MARK: Send rights
@@ -420,7 +456,7 @@ public final class NamedPort: @unchecked Sendable {
     /// leaves its loop, and runs the invalidation handlers on the calling
     /// thread. Any thread; calling it again does nothing.
     public func invalidate() {
-        let taken: (listener: (fd: Int32, source: LoopSource)?, connections: [Int32: LoopSource], handlers: [@Sendable (NamedPort) -> Void])? =
+        let taken: (listener: (fd: Int32, source: LoopSource)?, connections: [Int32: Connection], handlers: [@Sendable (NamedPort) -> Void])? =
             lock.withLock {
                 guard state.valid else { return nil }
                 state.valid = false
@@ -444,8 +480,9 @@ public final class NamedPort: @unchecked Sendable {
             PortSocketCalls.shutdown(listener.fd)
             PortSocketCalls.close(listener.fd)
         }
-        for (fd, source) in taken.connections {
-            source.invalidate()
+        for (fd, connection) in taken.connections {
+            connection.replies.close()
+            connection.source.invalidate()
             PortSocketCalls.shutdown(fd)
             PortSocketCalls.close(fd)
         }

@@ -121,7 +121,9 @@ public final class NetworkPort: @unchecked Sendable {
     public let partialFrameMemoryLimit: Int
     let handler: @Sendable (PortEnvelope) -> PortEnvelope?
 
-    private let lock = Lock()
+    /// Guards `state`; never waited for in a child after `fork()` on a
+    /// parent thread's account (`ForkRepairedLock`).
+    private let lock = ForkRepairedLock()
     private var state = State()
     /// Where the loop's thread reads into: 64 KiB per read.
     private let chunk = UnsafeMutableRawBufferPointer.allocate(byteCount: 64 << 10, alignment: 8)
@@ -137,16 +139,11 @@ public final class NetworkPort: @unchecked Sendable {
     private struct Connection {
         let source: LoopSource
         var frames: PortWire.FrameReader
+        /// Reply frames the socket did not take at once, written as it
+        /// drains.
+        let replies: PortReplyOutbox<[UInt8]>
         /// When the connection's last bytes arrived.
         var lastBytes = MonotonicClock.now
-        /// Reply bytes not yet written (the socket buffer was full), from
-        /// `outboxStart` on; written as the socket drains.
-        var outbox: [UInt8] = []
-        var outboxStart = 0
-        /// Watches for room while `outbox` holds bytes; nil otherwise.
-        var writer: LoopSource?
-
-        var queuedReplyBytes: Int { outbox.count - outboxStart }
     }
 
     private struct State {
@@ -200,7 +197,7 @@ public final class NetworkPort: @unchecked Sendable {
         self.partialFrameMemoryLimit = partialFrameMemoryLimit
         self.handler = handler
         let reference = NetworkPortReference()
-        acceptPacing = PortAcceptPacing { reference.port?.resumeAccepting() }
+        acceptPacing = PortAcceptPacing { reference.port?.rearmListener() }
         sentinel = LoopSource(
             cancel: { loop, _ in if loop.ownerThreadHasExited { reference.port?.invalidate() } },
             perform: { _ in })
@@ -297,38 +294,43 @@ public final class NetworkPort: @unchecked Sendable {
         var all = [sentinel]
         if let listener = state.listener { all.append(listener.source) }
         all.append(contentsOf: state.connections.values.map(\.source))
-        all.append(contentsOf: state.connections.values.compactMap(\.writer))
+        all.append(contentsOf: state.connections.values.compactMap(\.replies.currentWriter))
         return all
     }
 
     // MARK: Receiving (the loop's thread)
 
+    /// Accepts every waiting connection and adds it to the loop;
+    /// `acceptPacing` runs the loop and backs off when descriptors run out.
     private func acceptWaiting() {
         guard let listener = lock.withLock({ state.listener?.fd }) else { return }
-        while true {
-            let fd: Int32
-            switch PortSocketCalls.accept(listener) {
-            case .connection(let accepted):
-                fd = accepted
-                acceptPacing.accepted()
-            case .none:
-                return finishAccepting(exhausted: nil)
-            case .exhausted(let code):
-                return finishAccepting(exhausted: code)
-            }
-            PortSocketCalls.tcpNoDelay(fd)
-            let source = LoopSource(descriptor: fd) { _, _ in self.receive(on: fd) }
-            let placement: (ThreadLoop?, [LoopMode])? = lock.withLock {
-                guard state.valid else { return nil }
-                state.connections[fd] = Connection(source: source, frames: PortWire.FrameReader(wireFormat))
-                return (state.membership.loop, state.membership.currentModes)
-            }
-            guard let (loop, modes) = placement else {
-                PortSocketCalls.close(fd)
-                return
-            }
-            if let loop { for m in modes { loop.add(source, forMode: m) } }
+        acceptPacing.acceptAll(on: listener, take: adopt, report: report)
+    }
+
+    /// Adds a connection just accepted; false (and closed) once the port is
+    /// invalid.
+    private func adopt(_ fd: Int32) -> Bool {
+        PortSocketCalls.tcpNoDelay(fd)
+        let source = LoopSource(descriptor: fd) { _, _ in self.receive(on: fd) }
+        let replies = PortReplyOutbox<[UInt8]>(streamOf: fd, limit: replyBacklogLimit) { error in
+            self.drop(fd, malformed: false, reason: error)
         }
+        let placement: (ThreadLoop?, [LoopMode])? = lock.withLock {
+            guard state.valid else { return nil }
+            state.connections[fd] = Connection(source: source, frames: PortWire.FrameReader(wireFormat), replies: replies)
+            return (state.membership.loop, state.membership.currentModes)
+        }
+        guard let (loop, modes) = placement else {
+            PortSocketCalls.close(fd)
+            return false
+        }
+        if let loop { for m in modes { loop.add(source, forMode: m) } }
+        return true
+    }
+
+    /// Tells the drop handlers `error` (an exhausted `accept`).
+    private func report(_ error: PortError) {
+        for handler in lock.withLock({ state.dropHandlers }) { handler(error) }
     }
 
     /// Accepts that failed because the process or the system was out of
@@ -336,22 +338,8 @@ public final class NetworkPort: @unchecked Sendable {
     /// drop handlers. Any thread; takes a short lock; stale at once.
     public var exhaustedAccepts: Int { acceptPacing.failureCount }
 
-    /// The accept handler's end: re-arms the listener, unless `accept` ran
-    /// out of descriptors (errno `code`), which leaves it unarmed until
-    /// `acceptPacing`'s timer (reporting the first failure of a run).
-    private func finishAccepting(exhausted code: Int32?) {
-        let (loop, source, handlers) = lock.withLock { (state.membership.loop, state.listener?.source, state.dropHandlers) }
-        guard let code else {
-            if let loop, let source { loop.rearm(source) }
-            return
-        }
-        if acceptPacing.exhausted() {
-            for handler in handlers { handler(.system(SystemCallError(call: "accept", code: code))) }
-        }
-    }
-
-    /// `acceptPacing`'s timer: watch the listener again.
-    fileprivate func resumeAccepting() {
+    /// Watches the listener again (`acceptPacing`).
+    fileprivate func rearmListener() {
         let (loop, source) = lock.withLock { (state.membership.loop, state.listener?.source) }
         if let loop, let source { loop.rearm(source) }
     }
@@ -366,7 +354,7 @@ public final class NetworkPort: @unchecked Sendable {
             return (connection, state.dropHandlers)
         }
         guard let (connection, handlers) = dropped else { return }
-        connection.writer?.invalidate()
+        connection.replies.close()
         Self.close(fd, source: connection.source)
         if let reason { for handler in handlers { handler(reason) } }
     }
@@ -420,7 +408,7 @@ public final class NetworkPort: @unchecked Sendable {
             return (stalled, state.dropHandlers)
         }
         for (fd, connection) in stalled {
-            connection.writer?.invalidate()
+            connection.replies.close()
             Self.close(fd, source: connection.source)
             for handler in handlers { handler(.frameStalled(after: stallLimit)) }
         }
@@ -519,7 +507,7 @@ public final class NetworkPort: @unchecked Sendable {
             return (shed, state.dropHandlers, before)
         }
         for (fd, connection, bytes) in shed {
-            connection.writer?.invalidate()
+            connection.replies.close()
             Self.close(fd, source: connection.source)
             for handler in handlers {
                 handler(.partialFramesOverLimit(connectionBytes: bytes, totalBytes: total, limit: partialFrameMemoryLimit))
@@ -531,72 +519,16 @@ public final class NetworkPort: @unchecked Sendable {
 
     /// Sends `frame` on `fd` as far as the socket takes it now, and queues
     /// the rest behind the connection's earlier replies, to go as the socket
-    /// drains (`flushReplies`): a requester that does not read holds up
+    /// drains (`PortReplyOutbox`): a requester that does not read holds up
     /// only its own connection, never the loop. Throws
     /// `.replyBacklogExceeded` if `replyBacklogLimit` bytes or more wait
     /// already, and the send's error if the peer is gone; the caller drops
     /// the connection.
     private func queueReply(_ frame: [UInt8], on fd: Int32) throws(PortError) {
-        let queued: Int? = lock.withLock { state.connections[fd]?.queuedReplyBytes }
-        guard let queued else { return }  // dropped meanwhile
-        guard queued < replyBacklogLimit else { throw .replyBacklogExceeded(bytes: queued + frame.count, limit: replyBacklogLimit) }
-        var written = 0
-        if queued == 0 {
-            switch frame.withUnsafeBytes({ PortSocketCalls.streamSendSome(fd, $0) }) {
-            case .sent(let n): written = n
-            case .full: break
-            case .failed(let error): throw error
-            }
-            if written == frame.count { return }
-        }
-        let rest = frame[written...]
-        let placement: (LoopSource, ThreadLoop?, [LoopMode])? = lock.withLock {
-            guard state.connections[fd] != nil else { return nil }
-            state.connections[fd]!.outbox += rest
-            guard state.connections[fd]!.writer == nil else { return nil }
-            let writer = LoopSource(descriptor: fd, interest: .writable) { _, _ in self.flushReplies(on: fd) }
-            state.connections[fd]!.writer = writer
-            return (writer, state.membership.loop, state.membership.currentModes)
-        }
-        if let (writer, loop, modes) = placement, let loop { for m in modes { loop.add(writer, forMode: m) } }
-    }
-
-    /// The writer's handler: writes queued reply bytes while the socket
-    /// takes them; once none are left, the writer goes.
-    private func flushReplies(on fd: Int32) {
-        while true {
-            let pending: [UInt8]? = lock.withLock {
-                guard let c = state.connections[fd], c.queuedReplyBytes > 0 else { return nil }
-                return Array(c.outbox[c.outboxStart..<min(c.outbox.count, c.outboxStart + (256 << 10))])
-            }
-            guard let pending else { break }
-            switch pending.withUnsafeBytes({ PortSocketCalls.streamSendSome(fd, $0) }) {
-            case .sent(let n):
-                lock.withLock {
-                    guard state.connections[fd] != nil else { return }
-                    state.connections[fd]!.outboxStart += n
-                    if state.connections[fd]!.outboxStart >= 1 << 20 {
-                        // Drop what went out, so the outbox does not grow for good.
-                        state.connections[fd]!.outbox.removeFirst(state.connections[fd]!.outboxStart)
-                        state.connections[fd]!.outboxStart = 0
-                    }
-                }
-                if n < pending.count { return }
-            case .full:
-                return
-            case .failed(let error):
-                drop(fd, malformed: false, reason: error)
-                return
-            }
-        }
-        let writer: LoopSource? = lock.withLock {
-            guard state.connections[fd] != nil else { return nil }
-            state.connections[fd]!.outbox = []
-            state.connections[fd]!.outboxStart = 0
-            defer { state.connections[fd]!.writer = nil }
-            return state.connections[fd]!.writer
-        }
-        writer?.invalidate()
+        guard let replies = lock.withLock({ state.connections[fd]?.replies }) else { return }  // dropped meanwhile
+        guard let writer = try replies.send(frame) else { return }
+        let (loop, modes) = lock.withLock { (state.membership.loop, state.membership.currentModes) }
+        if let loop { for m in modes { loop.add(writer, forMode: m) } }
     }
 
     // MARK: Invalidation
@@ -622,7 +554,7 @@ public final class NetworkPort: @unchecked Sendable {
         stallSweep?.invalidate()
         if let listener = taken.listener { Self.close(listener.fd, source: listener.source) }
         for (fd, connection) in taken.connections {
-            connection.writer?.invalidate()
+            connection.replies.close()
             Self.close(fd, source: connection.source)
         }
         for handler in taken.handlers { handler(self) }

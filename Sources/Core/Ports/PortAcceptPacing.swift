@@ -20,20 +20,48 @@ final class PortAcceptPacing: @unchecked Sendable {
     private let lock = Lock()
     private var failures = 0
 
-    /// `resume` re-arms the listener's source; it runs on the loop's thread.
-    init(resume: @escaping @Sendable () -> Void) {
+    /// Re-arms the listener's source (the port's loop, if it has one).
+    private let rearm: @Sendable () -> Void
+
+    /// `rearm` re-arms the listener's source; it runs on the loop's thread,
+    /// from `acceptAll` and from `timer`.
+    init(rearm: @escaping @Sendable () -> Void) {
+        self.rearm = rearm
         // Repeating, so that it stays in the loop between runs; each firing
         // parks it in the far future until the next failure.
         timer = LoopTimer(fireAt: .distantFuture, interval: .seconds(3600)) { timer in
             timer.fireDate = .distantFuture
-            resume()
+            rearm()
+        }
+    }
+
+    /// The listener's handler (the loop's thread): accepts every connection
+    /// waiting on `listener` and hands each to `take`, which returns false
+    /// once the port is invalid (then nothing is re-armed). Once `accept`
+    /// finds none, re-arms the listener. If it fails for want of
+    /// descriptors or memory, leaves the listener unarmed until `timer`
+    /// and, for the first failure of a run, tells `report` (the port's
+    /// drop handlers) which call failed and why.
+    func acceptAll(on listener: Int32, take: (Int32) -> Bool, report: (PortError) -> Void) {
+        while true {
+            switch PortSocketCalls.accept(listener) {
+            case .connection(let fd):
+                accepted()
+                guard take(fd) else { return }
+            case .none:
+                rearm()
+                return
+            case .exhausted(let code):
+                if exhausted() { report(.system(SystemCallError(call: "accept", code: code))) }
+                return
+            }
         }
     }
 
     /// Accepts failed for want of a resource: sets the timer to re-arm
     /// after the back-off, and returns whether this failure is the first of
     /// its run (the one to report).
-    func exhausted() -> Bool {
+    private func exhausted() -> Bool {
         backoff = backoff == .zero ? .milliseconds(10) : min(backoff * 2, .seconds(1))
         timer.fireDate = MonotonicClock.now.advanced(by: backoff)
         lock.withLock { failures += 1 }
@@ -42,7 +70,7 @@ final class PortAcceptPacing: @unchecked Sendable {
     }
 
     /// A connection was accepted: the run of failures, if any, is over.
-    func accepted() {
+    private func accepted() {
         backoff = .zero
         reported = false
     }

@@ -47,6 +47,27 @@ extension RemotePort {
         try send(message, timeout: Self.timeLeft(until: deadline))
     }
 
+    /// As `sendRequest(_:timeout:replyTimeout:)`, with one deadline for the
+    /// whole exchange: the request must be sent and its reply received by
+    /// `deadline` (an instant of any `MonotonicClockConvertible` clock,
+    /// converted once on entry). A deadline already passed still makes one
+    /// try to send and one look for the reply. Blocks at most until
+    /// `deadline`; one request at a time per `RemotePort`.
+    ///
+    ///     let reply = try server.sendRequest(PortEnvelope(id: 7), before: ContinuousClock.now + .seconds(2))
+    ///
+    /// - Throws: as `sendRequest(_:timeout:replyTimeout:)`: `.timedOut` if
+    ///   the request could not be sent by `deadline`, `.replyTimedOut`
+    ///   (with the time spent waiting for the reply) if it was sent but no
+    ///   reply came by then.
+    @available(*, noasync, message: "blocks until the reply; in async code run it on a pool worker (`try await WorkQueue.global().performReturning { ... }`)")
+    public func sendRequest<Deadline: MonotonicClockConvertible>(
+        _ message: PortEnvelope, before deadline: Deadline
+    ) throws(PortError) -> PortEnvelope {
+        let instant = deadline.monotonicInstant
+        return try request(message, sendDeadline: instant, replyDeadline: instant, replyTimeout: .zero)
+    }
+
     /// The time from now until `deadline`, zero if it has passed.
     static func timeLeft<Deadline: MonotonicClockConvertible>(until deadline: Deadline) -> Duration {
         max(.zero, MonotonicClock.now.duration(to: deadline.monotonicInstant))

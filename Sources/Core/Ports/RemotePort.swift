@@ -45,7 +45,10 @@ import Glibc
 /// received in a message, or made by `NamedPort.makeSendRight()`) throws
 /// `.inheritedAcrossFork` in the child instead: look the port up by name
 /// there, or have it sent a send right of its own after the fork. The
-/// parent's connection is untouched by anything the child does.
+/// parent's connection is untouched by anything the child does. A child
+/// forked while other threads of the parent were sending or waiting for
+/// replies on the port never waits for them (they do not exist in the
+/// child): the port's state lock is freed on the child's first use.
 ///
 /// ## Blocking
 ///
@@ -88,7 +91,11 @@ public final class RemotePort: @unchecked Sendable {
     /// connection of its own: nil for a port with no address to go back
     /// to (received in a message, or made by `makeSendRight()`).
     private let reconnection: Reconnection?
-    private let lock = Lock()
+    /// Guards `state`. A child after `fork()` never waits for it on a
+    /// parent thread's account (`ForkRepairedLock`): it then finds the
+    /// parent's pid in `state` and makes a connection of its own
+    /// (`reconnectAfterFork`).
+    private let lock = ForkRepairedLock()
     private var state: State
 
     enum Reconnection {
@@ -329,10 +336,19 @@ public final class RemotePort: @unchecked Sendable {
     public func sendRequest(_ message: PortEnvelope, timeout: Duration, replyTimeout: Duration) throws(PortError) -> PortEnvelope {
         require(timeout >= .zero, "RemotePort.sendRequest: `timeout` is \(timeout); it cannot be negative")
         require(replyTimeout >= .zero, "RemotePort.sendRequest: `replyTimeout` is \(replyTimeout); it cannot be negative")
+        return try request(message, sendDeadline: MonotonicClock.now.advanced(by: timeout), replyDeadline: nil, replyTimeout: replyTimeout)
+    }
+
+    /// The request itself: sends by `sendDeadline`, then waits for the reply
+    /// until `replyDeadline`, or (nil) for `replyTimeout` from the moment
+    /// the request went out. `.replyTimedOut` carries the time waited for
+    /// the reply.
+    func request(
+        _ message: PortEnvelope, sendDeadline: MonotonicClock.Instant, replyDeadline: MonotonicClock.Instant?, replyTimeout: Duration
+    ) throws(PortError) -> PortEnvelope {
         if case .foundationStream = transport {
             throw .unsupportedByFoundationWireFormat("a request (Foundation's SocketPort never replies on the connection a message came on)")
         }
-        let sendDeadline = MonotonicClock.now.advanced(by: timeout)
         return try withDescriptor(before: sendDeadline) { fd, link throws(PortError) -> PortEnvelope in
             link.requestLock.lock()
             defer { link.requestLock.unlock() }
@@ -344,7 +360,9 @@ public final class RemotePort: @unchecked Sendable {
                 return b
             }()
             try write(message, kind: .request, sequence: sequence, to: fd, link: link, before: sendDeadline)
-            let deadline = MonotonicClock.now.advanced(by: replyTimeout)
+            let sent = MonotonicClock.now
+            let deadline = replyDeadline ?? sent.advanced(by: replyTimeout)
+            let replyTimeout = max(.zero, sent.duration(to: deadline))
             if transport == .stream {
                 return try streamReply(fd, link: link, sequence: sequence, buffer: buffer, before: deadline, replyTimeout: replyTimeout)
             }
@@ -446,18 +464,24 @@ public final class RemotePort: @unchecked Sendable {
         case .tcp(let host, let port):
             fd = try PortSocketCalls.tcpConnect(host: host, port: port, before: deadline)
         }
-        let inherited: Int32? = lock.withLock { () -> Int32? in
+        let link = Link()
+        let (inherited, parentLink): (Int32?, Link?) = lock.withLock {
             // Another thread of this process may have reconnected first, or
             // invalidated the port meanwhile: then this connection goes.
-            guard state.valid, state.pid != pid else { return fd }
+            guard state.valid, state.pid != pid else { return (fd, nil) }
             defer {
                 state.fd = fd
                 state.pid = pid
                 state.users = 0
-                state.link = Link()
+                state.link = link
             }
-            return state.fd >= 0 ? state.fd : nil
+            return (state.fd >= 0 ? state.fd : nil, state.link)
         }
+        // The parent's link is kept, never released here: its locks' teardown
+        // would take the lock-name and lock-order tables' locks, which a
+        // thread of the parent may have held at the fork. Once per port
+        // and fork, a few hundred bytes.
+        if let parentLink { _ = Unmanaged.passRetained(parentLink) }
         if let inherited { PortSocketCalls.close(inherited) }
     }
 

@@ -8,11 +8,12 @@ import Glibc
 /// with the first registration, that runs the handlers the layers above
 /// register with it (`register`). Support names none of them: each layer
 /// registers its own the first time it has state a child must repair (the
-/// thread records, the run loops, the worker pools and queues, the event
-/// sources), so the dependency points one way, up to down.
+/// lock-name table, the thread records, the run loops, the worker pools and
+/// queues, the event sources), so the dependency points one way, up to
+/// down.
 ///
 /// **Order.** Handlers run by `Stage`, the layers' order from the bottom
-/// up (threads, run loops, queues, event sources), and within a stage in
+/// up (locks, threads, run loops, queues, event sources), and within a stage in
 /// the order they were registered; `prepare` in the parent just before the
 /// fork, `child` in the child just after it, both in that order. Before
 /// any child handler, the child advances the fork epoch (see below) and
@@ -50,6 +51,8 @@ import Glibc
 enum ForkHandlers {
     /// When a layer's handlers run: the layers' order, from the bottom up.
     enum Stage: Int, Sendable {
+        /// Locks' side tables (`LockNames`).
+        case locks
         /// Thread records (`NativeThread`).
         case threads
         /// Per-thread run loops (`LoopRegistry`).
@@ -115,6 +118,11 @@ enum ForkHandlers {
             current = seen
         }
     }
+
+    /// Installs the `pthread_atfork` pair without registering a handler:
+    /// from then on every `fork()` advances the child's fork epoch, which is
+    /// all a `ForkRepairedLock` needs. Any thread; idempotent.
+    static func install() { _ = installed }
 
     private static let installed: Void = {
         let rc = pthread_atfork({ ForkHandlers.prepare() }, nil, { ForkHandlers.child() })
