@@ -471,7 +471,7 @@ public final class NetworkPort: @unchecked Sendable {
                     size = buffer.count
                     return PortSocketCalls.streamReceive(fd, into: buffer)
                 }
-                guard let direct else { return .throughChunk }
+                guard let direct else { return .throughChunk(limit: state.connections[fd]!.frames.nextReadLimit) }
                 guard case .bytes(let n) = direct else { return .read(direct, full: false) }
                 state.connections[fd]!.lastBytes = .now
                 return .read(direct, full: n == size)
@@ -479,7 +479,7 @@ public final class NetworkPort: @unchecked Sendable {
             let result: (PortSocketCalls.StreamRead, full: Bool)?
             switch step {
             case .gone: result = nil
-            case .throughChunk: result = readIntoChunk(fd)
+            case .throughChunk(let limit): result = readIntoChunk(fd, limit: limit)
             case .read(let read, let full): result = (read, full)
             }
             guard let (read, full) = result else { return }
@@ -500,8 +500,9 @@ public final class NetworkPort: @unchecked Sendable {
     private enum ReadStep {
         /// The connection was dropped.
         case gone
-        /// No frame is read straight into its buffers: read into `chunk`.
-        case throughChunk
+        /// No frame is read straight into its buffers: read into `chunk`
+        /// (at most `limit` bytes, if given: `FrameReader.nextReadLimit`).
+        case throughChunk(limit: Int?)
         /// A read straight into a frame's buffers, and whether it filled
         /// the space it was given.
         case read(PortSocketCalls.StreamRead, full: Bool)
@@ -509,8 +510,9 @@ public final class NetworkPort: @unchecked Sendable {
 
     /// One read into `chunk`, appended to the connection's frames; nil if
     /// the connection is gone.
-    private func readIntoChunk(_ fd: Int32) -> (PortSocketCalls.StreamRead, full: Bool)? {
-        let read = PortSocketCalls.streamReceive(fd, into: chunk)
+    private func readIntoChunk(_ fd: Int32, limit: Int?) -> (PortSocketCalls.StreamRead, full: Bool)? {
+        let buffer = UnsafeMutableRawBufferPointer(rebasing: chunk[0..<min(chunk.count, limit ?? chunk.count)])
+        let read = PortSocketCalls.streamReceive(fd, into: buffer)
         guard case .bytes(let n) = read else { return (read, false) }
         let ok: Bool = lock.withLock {
             guard state.connections[fd] != nil else { return false }
@@ -518,7 +520,7 @@ public final class NetworkPort: @unchecked Sendable {
             state.connections[fd]!.lastBytes = .now
             return true
         }
-        return ok ? (read, n == chunk.count) : nil
+        return ok ? (read, n == buffer.count) : nil
     }
 
     /// Hands every whole frame the connection holds to the handler. False

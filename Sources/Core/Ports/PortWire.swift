@@ -328,6 +328,8 @@ enum PortWire {
         private var bytes: [UInt8] = []
         private var start = 0
         private var direct: DirectFrame?
+        /// Whether the last frame was read straight into its buffers.
+        private var lastWasDirect = false
 
         /// A large frame being read into its components' buffers.
         private struct DirectFrame {
@@ -374,6 +376,16 @@ enum PortWire {
             return start < bytes.count ? bytes.count : 0
         }
 
+        /// How many bytes the caller's next read should ask for, if fewer
+        /// than its buffer holds: after a frame read straight into its
+        /// buffers, with nothing buffered, just a header with a one-entry
+        /// component table, so that if another large frame follows, its
+        /// bytes go straight into its buffers rather than through the
+        /// caller's (at the cost of one more read per frame).
+        var nextReadLimit: Int? {
+            lastWasDirect && direct == nil && start == bytes.count ? 4 + headerSize + componentSize : nil
+        }
+
         mutating func append(_ chunk: UnsafeRawBufferPointer) {
             require(direct == nil, "PortWire.FrameReader.append: bytes appended while a frame is read straight into its buffers (readDirect)")
             if start > 0 && start >= bytes.count / 2 {
@@ -407,10 +419,12 @@ enum PortWire {
             if let frame = direct {
                 guard frame.isComplete else { return nil }
                 direct = nil
+                lastWasDirect = true
                 let envelope = PortEnvelope(id: frame.id, components: frame.components.map { .bytes($0) })
                 return .decoded(Decoded(kind: frame.kind, sequence: frame.sequence, envelope: envelope))
             }
             guard let (offset, length) = try nextBounds() else { return nil }
+            lastWasDirect = false
             let frame = Array(bytes[offset..<(offset + length)])
             start = offset + length
             if start == bytes.count {
