@@ -235,15 +235,6 @@ enum PortWire {
     /// most bytes an envelope may carry, all inline.
     static let maximumFrameRecord = headerSize + componentSize * PortEnvelope.maximumComponentCount + PortEnvelope.maximumByteCount
 
-    /// `record` behind its length (u32, little-endian): one frame of a stream.
-    static func frame(_ record: [UInt8]) -> [UInt8] {
-        var bytes: [UInt8] = []
-        bytes.reserveCapacity(4 + record.count)
-        append(UInt32(record.count), to: &bytes)
-        bytes += record
-        return bytes
-    }
-
     /// A frame for a stream, in two parts: `head`, the record's length, its
     /// header and its component table, and `parts`, the envelope's byte
     /// buffers, which follow the head on the stream as they are (every

@@ -315,13 +315,13 @@ public final class RemotePort: @unchecked Sendable {
         }
     }
 
-    /// Writes one whole frame to the stream, so that frames from several
-    /// threads do not interleave.
     /// Messages of at least this many bytes go out over TCP straight from
     /// their buffers (`PortSocketCalls.streamSendAll(_:head:parts:before:)`);
     /// below it, copying them behind the header is cheaper than gathering.
     static let gatheringThreshold = 16 << 10
 
+    /// Writes one whole frame to the stream, so that frames from several
+    /// threads do not interleave.
     private func writeFrame(_ frame: [UInt8], to fd: Int32, link: Link, before deadline: MonotonicClock.Instant) throws(PortError) {
         link.writeLock.lock()
         defer { link.writeLock.unlock() }
