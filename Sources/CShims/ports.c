@@ -339,6 +339,23 @@ ssize_t cshims_port_stream_send(int fd, const void *bytes, size_t count) {
     return sent < 0 ? -errno : sent;
 }
 
+ssize_t cshims_port_stream_sendv(int fd, const void *const *bases, const size_t *lengths, int count) {
+    struct iovec iov[CSHIMS_PORT_MAX_IOV];
+    if (count > CSHIMS_PORT_MAX_IOV) count = CSHIMS_PORT_MAX_IOV;
+    for (int i = 0; i < count; i++) {
+        iov[i].iov_base = (void *)bases[i];
+        iov[i].iov_len = lengths[i];
+    }
+    struct msghdr message = {0};
+    message.msg_iov = iov;
+    message.msg_iovlen = (size_t)count;
+    ssize_t sent;
+    do {
+        sent = sendmsg(fd, &message, MSG_DONTWAIT | MSG_NOSIGNAL);
+    } while (sent < 0 && errno == EINTR);
+    return sent < 0 ? -errno : sent;
+}
+
 ssize_t cshims_port_stream_receive(int fd, void *buffer, size_t capacity) {
     ssize_t got;
     do {

@@ -804,3 +804,167 @@ private func twoHosts() -> Int32 {
     let code = (status & 0x7f) == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f)
     return code == 0 ? 0 : 30 + code
 }
+
+// MARK: - Large frames, in pieces and interleaved
+
+/// A one-way Spindle frame with message id `id` whose components are
+/// `components`, every byte inline.
+private func oneWayFrame(id: UInt32, components: [[UInt8]]) -> [UInt8] {
+    var record = littleEndian(0x504E_5053) + [0, 0, 0, 0] + littleEndian(id) + littleEndian(UInt32(components.count))
+        + [UInt8](repeating: 0, count: 8)
+    for c in components { record += [0, 0, 0, 0] + littleEndian(UInt32(c.count)) }
+    for c in components { record += c }
+    return littleEndian(UInt32(record.count)) + record
+}
+
+/// `count` bytes that differ with `seed` and with their position.
+private func largeFrameBytes(_ count: Int, seed: UInt8) -> [UInt8] {
+    (0..<count).map { UInt8(truncatingIfNeeded: $0 &* 31 &+ $0 >> 8) ^ seed }
+}
+
+@Suite("NetworkPort large frames")
+struct NetworkPortLargeFrameTests {
+    /// Two raw senders cut their frames into pieces and take turns: one
+    /// writes its frames' first 300 bytes one byte at a time (the header
+    /// and component table arrive byte by byte, and the start of the
+    /// buffers read straight into), the rest in pieces of 1 to 5,000
+    /// bytes; the other writes whole frames between those pieces.
+    /// Meanwhile a `RemotePort` sends messages of 64 KiB to 3 MiB (several
+    /// components, some empty), and small ones. Every message arrives
+    /// whole, in its connection's order, with its bytes.
+    @Test(arguments: availableBackends)
+    func framesInPiecesAndLargeFramesInterleaveBetweenConnections(kind: EventBackendKind) throws {
+        let got = LockedValue<[UInt32: [[[UInt8]]]]>([:])
+        let listener = try Listener(
+            NetworkPort(stallLimit: nil) { m in
+                let buffers = m.components.map { c -> [UInt8] in
+                    if case .bytes(let b) = c { return b }
+                    return []
+                }
+                // The id's high byte names the sender.
+                got.withLock { $0[m.id >> 24, default: []].append(buffers) }
+                return m.id & 0xFF == 0xFF ? PortEnvelope(id: m.id) : nil
+            }, backend: kind)
+        // Sender 1 (raw, in pieces) and sender 2 (raw, whole frames).
+        let slowMessages: [[[UInt8]]] = [
+            [largeFrameBytes(100 << 10, seed: 1)],
+            [[], largeFrameBytes(40 << 10, seed: 2), [7], [], largeFrameBytes(70 << 10, seed: 3)],
+            [largeFrameBytes(20, seed: 4)],
+            [largeFrameBytes(1 << 20, seed: 5), largeFrameBytes(3, seed: 6)],
+        ]
+        let wholeMessages: [[[UInt8]]] = (0..<8).map { i in [largeFrameBytes((i + 1) * (48 << 10) + i, seed: UInt8(16 + i))] }
+        let slow = rawConnection(listener.port.port), whole = rawConnection(listener.port.port)
+        #expect(slow >= 0 && whole >= 0)
+        var slowBytes: [UInt8] = []
+        for (i, m) in slowMessages.enumerated() { slowBytes += oneWayFrame(id: 1 << 24 | UInt32(i), components: m) }
+        let wholeFrames = wholeMessages.enumerated().map { oneWayFrame(id: 2 << 24 | UInt32($0.offset), components: $0.element) }
+        // Sender 3: a RemotePort on a thread of its own.
+        let remoteMessages: [[[UInt8]]] = [
+            [largeFrameBytes(64 << 10, seed: 40)],
+            [largeFrameBytes(5, seed: 41)],
+            [largeFrameBytes(3 << 20, seed: 42), [], largeFrameBytes(1, seed: 43)],
+            [largeFrameBytes(256 << 10, seed: 44), largeFrameBytes(256 << 10, seed: 45)],
+            [largeFrameBytes(16 << 10, seed: 46)],
+        ]
+        let port = listener.port.port
+        let remoteDone = LockedValue<Result<Void, PortError>?>(nil)
+        let joinRemote = startThread {
+            let result: Result<Void, PortError>
+            do throws(PortError) {
+                let remote = try RemotePort.connect(host: "127.0.0.1", port: port)
+                for (i, m) in remoteMessages.enumerated() {
+                    try remote.send(PortEnvelope(id: 3 << 24 | UInt32(i), components: m.map { .bytes($0) }), timeout: .seconds(30))
+                }
+                // A request whose reply needs a read of a large frame's
+                // neighbours first: every message before it was handled.
+                _ = try remote.sendRequest(PortEnvelope(id: 3 << 24 | 0xFF), timeout: .seconds(30), replyTimeout: .seconds(30))
+                result = .success(())
+            } catch {
+                result = .failure(error)
+            }
+            remoteDone.withLock { $0 = result }
+        }
+        // Interleave: pieces of the slow stream, a whole frame now and then.
+        var generator = SystemRandomNumberGenerator()
+        var offset = 0
+        var nextWhole = 0
+        var pieces = 0
+        while offset < slowBytes.count {
+            // The first 300 bytes of each frame one at a time; here, simply
+            // the first 300 of the stream and of every 64 KiB after.
+            let piece = offset % (64 << 10) < 300 ? 1 : Int.random(in: 1...5_000, using: &generator)
+            let end = min(slowBytes.count, offset + piece)
+            #expect(writeFully(slow, slowBytes[offset..<end]))
+            offset = end
+            pieces += 1
+            if pieces % 60 == 0 && nextWhole < wholeFrames.count {
+                #expect(writeFully(whole, wholeFrames[nextWhole][...]))
+                nextWhole += 1
+            }
+        }
+        while nextWhole < wholeFrames.count {
+            #expect(writeFully(whole, wholeFrames[nextWhole][...]))
+            nextWhole += 1
+        }
+        #expect(eventually { remoteDone.withLock { $0 } != nil })
+        joinRemote()
+        if case .failure(let error)? = remoteDone.withLock({ $0 }) { Issue.record("the RemotePort sender failed: \(error)") }
+        #expect(eventually { got.withLock { ($0[1]?.count ?? 0, $0[2]?.count ?? 0) } == (slowMessages.count, wholeMessages.count) })
+        let received = got.withLock { $0 }
+        #expect(received[1] == slowMessages)
+        #expect(received[2] == wholeMessages)
+        #expect(received[3].map { Array($0.dropLast()) } == remoteMessages)
+        #expect(received[3]?.last == [])
+        #expect(listener.port.malformedFrames == 0)
+        #expect(listener.port.partialFrameBytes == 0)
+        close(slow)
+        close(whole)
+        try listener.finish()
+    }
+
+    /// A receiver that stops reading: the sender's socket fills, its writes
+    /// go in part and then wait (EAGAIN) for room, part way through a
+    /// message's buffers; once the receiver reads again, every message
+    /// arrives whole and in order. 24 messages of 1 MiB and a bit, with
+    /// two buffers each, are more than loopback's socket buffers hold.
+    @Test(arguments: availableBackends)
+    func partialWritesThatWaitForRoomDeliverWholeMessages(kind: EventBackendKind) throws {
+        let gate = Semaphore(value: 0)
+        let got = LockedValue<[(UInt32, [UInt8], [UInt8])]>([])
+        let listener = try Listener(
+            NetworkPort(stallLimit: nil) { m in
+                if m.id == 0 { gate.wait() }  // holds up the port's loop: nothing is read
+                if case .bytes(let a)? = m.components.first, case .bytes(let b)? = m.components.last {
+                    got.withLock { $0.append((m.id, a, b)) }
+                }
+                return nil
+            }, backend: kind)
+        let remote = try RemotePort.connect(host: "127.0.0.1", port: listener.port.port)
+        let messages = (0..<24).map { i in (largeFrameBytes((1 << 20) + i * 4_099, seed: UInt8(i)), largeFrameBytes(33 << 10, seed: UInt8(100 + i))) }
+        let sent = LockedValue(0)
+        let failure = LockedValue<PortError?>(nil)
+        let joinSender = startThread {
+            for (i, m) in messages.enumerated() {
+                do throws(PortError) {
+                    try remote.send(PortEnvelope(id: UInt32(i), components: [.bytes(m.0), .bytes(m.1)]), timeout: .seconds(60))
+                } catch {
+                    failure.withLock { $0 = error }
+                    return
+                }
+                sent.withLock { $0 += 1 }
+            }
+        }
+        // The first message is taken whole (its handler then holds up the
+        // loop); the rest fill the socket buffers and wait for room.
+        #expect(eventually { sent.withLock { $0 } >= 1 })
+        _ = gate.signal()
+        #expect(eventually { got.withLock { $0.count } == messages.count })
+        joinSender()
+        #expect(failure.withLock { $0 } == nil)
+        let received = got.withLock { $0 }
+        #expect(received.map(\.0) == (0..<UInt32(messages.count)).map { $0 })
+        #expect(received.map(\.1) == messages.map(\.0))
+        #expect(received.map(\.2) == messages.map(\.1))
+        try listener.finish()
+    }
+}

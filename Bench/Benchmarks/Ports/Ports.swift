@@ -434,6 +434,73 @@ func dispatchHandOffBatch() -> BatchDriver {
     }
 }
 
+/// Plain TCP over loopback, the issue's yardstick for NetworkPort: a
+/// blocking socket pair on 127.0.0.1 (both ends TCP_NODELAY, as
+/// NetworkPort's), written and read as `socketpairBatch` does: the batch's
+/// byte count, then n × size bytes from one buffer; the reader reads into a
+/// 1 MiB buffer and answers one byte when it has read them all.
+func tcpLoopbackBatch(_ size: Int) -> BatchDriver {
+    let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    precondition(listener >= 0, "socket failed: \(errno)")
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    address.sin_port = 0
+    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+    let bound = withUnsafeMutablePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { p in
+            bind(listener, p, length) == 0 && listen(listener, 1) == 0 && getsockname(listener, p, &length) == 0
+        }
+    }
+    precondition(bound, "bind/listen on 127.0.0.1 failed: \(errno)")
+    let a = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    let connected = withUnsafePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(a, $0, length) == 0 }
+    }
+    precondition(connected, "connect to 127.0.0.1 failed: \(errno)")
+    let b = accept(listener, nil, nil)
+    precondition(b >= 0, "accept failed: \(errno)")
+    close(listener)
+    var one: Int32 = 1
+    for fd in [a, b] { _ = setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size)) }
+    let reader = Thread {
+        var buffer = [UInt8](repeating: 0, count: 1 << 20)
+        func readExactly(_ count: Int) {
+            var left = count
+            while left > 0 {
+                let n = buffer.withUnsafeMutableBytes { read(b, $0.baseAddress!, min($0.count, left)) }
+                precondition(n > 0, "TCP reader: read failed")
+                left -= n
+            }
+        }
+        while true {
+            readExactly(8)
+            let total = buffer.withUnsafeBytes { $0.loadUnaligned(as: Int.self) }
+            readExactly(total)
+            var ack: UInt8 = 1
+            _ = write(b, &ack, 1)
+        }
+    }
+    reader.start()
+    return BatchDriver {
+        let chunk = [UInt8](repeating: 1, count: size)
+        return { n in
+            var total = n * size
+            _ = withUnsafeBytes(of: &total) { write(a, $0.baseAddress!, 8) }
+            for _ in 0..<n {
+                var sent = 0
+                while sent < size {
+                    let w = chunk.withUnsafeBytes { write(a, $0.baseAddress! + sent, size - sent) }
+                    precondition(w > 0, "TCP writer: write failed")
+                    sent += w
+                }
+            }
+            var ack: UInt8 = 0
+            _ = read(a, &ack, 1)
+        }
+    }
+}
+
 nonisolated(unsafe) var batchDrivers: [String: BatchDriver] = [:]
 
 func batchDriver(_ name: String, _ make: () -> BatchDriver) -> BatchDriver {
@@ -496,9 +563,10 @@ let benchmarks: @Sendable () -> Void = {
     })
     sideBySide(group: "ports.roundtrip 16B", settings: settings, implementations: roundTrip)
 
-    // One-way throughput: per message, by size. The kernel's socketpair is
-    // the reference (Foundation's SocketPort drops frames over 32 KiB and
-    // crashes on bursts, so it cannot be measured this way).
+    // One-way throughput: per message, by size. Plain TCP over loopback is
+    // the reference (NetworkPort's yardstick, issue 35), the kernel's
+    // socketpair a peer (Foundation's SocketPort drops frames over 32 KiB
+    // and crashes on bursts, so it cannot be measured this way).
     let namedPortName = namedPortNames[backends[0]]!
     for (label, size, perIteration) in [("16B", 16, 1_000), ("4KiB", 4 << 10, 1_000), ("64KiB", 64 << 10, 200), ("256KiB", 256 << 10, 50), ("1MiB", 1 << 20, 20)] {
         let batchSettings = RunSettings(
@@ -521,8 +589,11 @@ let benchmarks: @Sendable () -> Void = {
                     return remotePortBatch(size) { try! RemotePort.connect(host: "127.0.0.1", port: port) }
                 }.run(perIteration)
             },
-            .reference("Unix socketpair") { _ in
+            .peer("Unix socketpair") { _ in
                 batchDriver("socketpair \(key)") { socketpairBatch(size) }.run(perIteration)
+            },
+            .reference("TCP loopback") { _ in
+                batchDriver("TCP \(key)") { tcpLoopbackBatch(size) }.run(perIteration)
             },
         ])
     }

@@ -114,6 +114,15 @@ int cshims_port_tcp_nodelay(int fd);
 // sent, possibly fewer than `count`; -EAGAIN when the buffer is full.
 ssize_t cshims_port_stream_send(int fd, const void *bytes, size_t count);
 
+// The most buffers cshims_port_stream_sendv gathers in one call.
+enum { CSHIMS_PORT_MAX_IOV = 64 };
+
+// sendmsg(2) of `count` buffers (at most CSHIMS_PORT_MAX_IOV; more are left
+// for the next call) on a stream, with MSG_DONTWAIT | MSG_NOSIGNAL, retried
+// on EINTR: returns the bytes sent (possibly fewer than offered), or -errno
+// (-EAGAIN when the socket buffer is full).
+ssize_t cshims_port_stream_sendv(int fd, const void *const *bases, const size_t *lengths, int count);
+
 // recv(2) with MSG_DONTWAIT on a stream: returns the bytes read, 0 at end
 // of stream, -EAGAIN when none wait.
 ssize_t cshims_port_stream_receive(int fd, void *buffer, size_t capacity);

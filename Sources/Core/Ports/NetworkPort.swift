@@ -50,7 +50,24 @@
 /// connections together hold at most `partialFrameMemoryLimit` bytes (64
 /// MiB unless given at creation): a read that takes them past it closes
 /// the connections holding the most, largest first, until the rest fit
-/// (`.partialFramesOverLimit`); the others go on.
+/// (`.partialFramesOverLimit`); the others go on. A frame of 32 KiB or
+/// more, up to a sixteenth of the limit (4 MiB by default), counts whole
+/// from the moment its header and component table are in: its buffers are
+/// allocated then, at their final size, and the stream is read straight
+/// into them (see "Large messages").
+///
+/// ## Large messages
+///
+/// Bytes are copied as little as TCP allows. A `RemotePort` writes a
+/// message of 16 KiB or more with one gathering write of the frame's
+/// header and the message's own buffers (smaller ones are copied behind
+/// the header, which costs less than gathering). The port reads a large
+/// frame (as above) straight into the buffers its handler receives, so
+/// each byte is copied by the kernel on each side and nowhere else, and
+/// reads on while the socket has bytes (up to 16 reads per readiness
+/// event, so that one connection does not hold up the loop's other
+/// sources). Smaller frames go through one 64 KiB read buffer, several per
+/// read.
 ///
 /// ## Foundation's `SocketPort`
 ///
@@ -252,7 +269,8 @@ public final class NetworkPort: @unchecked Sendable {
 
     /// Bytes the connections hold right now in frames still arriving (at
     /// most `partialFrameMemoryLimit` once the port has handled its
-    /// reads). Takes the port's lock briefly; stale at once.
+    /// reads); a large frame read straight into its buffers counts whole
+    /// (the type's documentation says which). Takes the port's lock briefly; stale at once.
     public var partialFrameBytes: Int {
         lock.withLock { state.connections.values.reduce(0) { $0 + $1.frames.partialFrameBytes } }
     }
@@ -317,7 +335,10 @@ public final class NetworkPort: @unchecked Sendable {
         }
         let placement: (ThreadLoop?, [LoopMode])? = lock.withLock {
             guard state.valid else { return nil }
-            state.connections[fd] = Connection(source: source, frames: PortWire.FrameReader(wireFormat), replies: replies)
+            state.connections[fd] = Connection(
+                source: source,
+                frames: PortWire.FrameReader(wireFormat, directLimit: partialFrameMemoryLimit / Self.directFrameShare),
+                replies: replies)
             return (state.membership.loop, state.membership.currentModes)
         }
         guard let (loop, modes) = placement else {
@@ -415,56 +436,119 @@ public final class NetworkPort: @unchecked Sendable {
         sweep.fireDate = next
     }
 
-    /// Reads what the connection has (one read), then hands every whole
-    /// frame buffered to the handler, one message per call.
+    /// A frame of up to this share of `partialFrameMemoryLimit` (and of
+    /// 32 KiB or more) is read straight into its buffers, which are
+    /// allocated, and counted, when its header arrives
+    /// (`PortWire.FrameReader`); larger ones are buffered as they come.
+    static let directFrameShare = 16
+
+    /// At most this many reads per readiness event, so that one busy
+    /// connection does not hold up the loop's other sources.
+    private static let readsPerEvent = 16
+
+    /// Reads what the connection has, and hands every whole frame to the
+    /// handler, one message per call, as it completes. A read that fills
+    /// its buffer is followed by another (up to `readsPerEvent`), so a
+    /// large frame takes few readiness events; a large frame under way is
+    /// read straight into its buffers, the others through `chunk`.
     private func receive(on fd: Int32) {
-        switch PortSocketCalls.streamReceive(fd, into: chunk) {
-        case .nothing:
-            return
-        case .closed:
-            let partial = lock.withLock { state.connections[fd]?.frames.hasPartialFrame ?? false }
-            drop(fd, malformed: partial, reason: partial ? .malformed("the stream ended in the middle of a frame") : nil)
-            return
-        case .bytes(let n):
-            let ok: Bool = lock.withLock {
-                guard state.connections[fd] != nil else { return false }
-                state.connections[fd]!.frames.append(UnsafeRawBufferPointer(rebasing: chunk[0..<n]))
+        for _ in 0..<Self.readsPerEvent {
+            let step: ReadStep = lock.withLock {
+                guard state.connections[fd] != nil else { return .gone }
+                var size = 0
+                let direct = state.connections[fd]!.frames.readDirect { buffer in
+                    size = buffer.count
+                    return PortSocketCalls.streamReceive(fd, into: buffer)
+                }
+                guard let direct else { return .throughChunk(limit: state.connections[fd]!.frames.nextReadLimit) }
+                guard case .bytes(let n) = direct else { return .read(direct, full: false) }
                 state.connections[fd]!.lastBytes = .now
-                return true
+                return .read(direct, full: n == size)
             }
-            guard ok else { return }
+            let result: (PortSocketCalls.StreamRead, full: Bool)?
+            switch step {
+            case .gone: result = nil
+            case .throughChunk(let limit): result = readIntoChunk(fd, limit: limit)
+            case .read(let read, let full): result = (read, full)
+            }
+            guard let (read, full) = result else { return }
+            switch read {
+            case .nothing:
+                return
+            case .closed:
+                let partial = lock.withLock { state.connections[fd]?.frames.hasPartialFrame ?? false }
+                drop(fd, malformed: partial, reason: partial ? .malformed("the stream ended in the middle of a frame") : nil)
+                return
+            case .bytes:
+                guard deliverFrames(on: fd) else { return }
+            }
+            if !full { return }
         }
+    }
+
+    private enum ReadStep {
+        /// The connection was dropped.
+        case gone
+        /// No frame is read straight into its buffers: read into `chunk`
+        /// (at most `limit` bytes, if given: `FrameReader.nextReadLimit`).
+        case throughChunk(limit: Int?)
+        /// A read straight into a frame's buffers, and whether it filled
+        /// the space it was given.
+        case read(PortSocketCalls.StreamRead, full: Bool)
+    }
+
+    /// One read into `chunk`, appended to the connection's frames; nil if
+    /// the connection is gone.
+    private func readIntoChunk(_ fd: Int32, limit: Int?) -> (PortSocketCalls.StreamRead, full: Bool)? {
+        let buffer = UnsafeMutableRawBufferPointer(rebasing: chunk[0..<min(chunk.count, limit ?? chunk.count)])
+        let read = PortSocketCalls.streamReceive(fd, into: buffer)
+        guard case .bytes(let n) = read else { return (read, false) }
+        let ok: Bool = lock.withLock {
+            guard state.connections[fd] != nil else { return false }
+            state.connections[fd]!.frames.append(UnsafeRawBufferPointer(rebasing: chunk[0..<n]))
+            state.connections[fd]!.lastBytes = .now
+            return true
+        }
+        return ok ? (read, n == buffer.count) : nil
+    }
+
+    /// Hands every whole frame the connection holds to the handler. False
+    /// if the connection was dropped meanwhile.
+    private func deliverFrames(on fd: Int32) -> Bool {
         while true {
-            let next: Result<[UInt8]?, PortError> = lock.withLock {
-                guard state.connections[fd] != nil else { return .success(nil) }
+            let next: Result<PortWire.Frame?, PortError>? = lock.withLock {
+                guard state.connections[fd] != nil else { return nil }
                 do throws(PortError) {
                     return .success(try state.connections[fd]!.frames.next())
                 } catch {
                     return .failure(error)
                 }
             }
-            let frame: [UInt8]
+            let frame: PortWire.Frame
             switch next {
-            case .success(let f?): frame = f
-            case .success(nil):
+            case nil: return false
+            case .success(let f?)?: frame = f
+            case .success(nil)?:
                 watchForStall(fd)
                 shedPartialFrames()
-                return
-            case .failure(let error):
+                return lock.withLock { state.connections[fd] != nil }
+            case .failure(let error)?:
                 drop(fd, malformed: true, reason: error)
-                return
+                return false
             }
             let decoded: PortWire.Decoded
             do throws(PortError) {
-                switch wireFormat {
-                case .spindle:
-                    decoded = try PortWire.decode(frame: frame)
-                case .foundationSocketPort:
-                    decoded = PortWire.Decoded(kind: .oneWay, sequence: 0, envelope: try FoundationPortWire.decode(frame))
+                switch (frame, wireFormat) {
+                case (.decoded(let d), _):
+                    decoded = d
+                case (.record(let record), .spindle):
+                    decoded = try PortWire.decode(frame: record)
+                case (.record(let record), .foundationSocketPort):
+                    decoded = PortWire.Decoded(kind: .oneWay, sequence: 0, envelope: try FoundationPortWire.decode(record))
                 }
             } catch {
                 drop(fd, malformed: true, reason: error)
-                return
+                return false
             }
             switch decoded.kind {
             case .oneWay:
@@ -472,15 +556,14 @@ public final class NetworkPort: @unchecked Sendable {
             case .request:
                 let reply = handler(decoded.envelope) ?? PortEnvelope(id: decoded.envelope.id)
                 do throws(PortError) {
-                    let record = try PortWire.encode(reply, kind: .reply, sequence: decoded.sequence, descriptors: false)
-                    try queueReply(PortWire.frame(record.bytes), on: fd)
+                    try queueReply(PortWire.contiguousStreamFrame(reply, kind: .reply, sequence: decoded.sequence), on: fd)
                 } catch {
                     drop(fd, malformed: false, reason: error)
-                    return
+                    return false
                 }
             case .reply, .welcome, .refused, .ring:
                 drop(fd, malformed: true, reason: .malformed("a \(decoded.kind) frame, which a listening port never receives"))
-                return
+                return false
             }
         }
     }

@@ -248,6 +248,95 @@ enum PortSocketCalls {
         }
     }
 
+    /// Writes `head` and then each of `parts` to a stream, as one run of
+    /// bytes, straight from those buffers (gathering writes, no copy),
+    /// waiting for room until `deadline`. As `streamSendAll(_:_:before:)`,
+    /// a timeout after part of it was written ends the stream.
+    static func streamSendAll(_ fd: Int32, head: [UInt8], parts: [[UInt8]], before deadline: MonotonicClock.Instant) throws(PortError) {
+        var buffers: [UnsafeRawBufferPointer] = []
+        buffers.reserveCapacity(1 + parts.count)
+        // Each buffer's address is valid inside its own withUnsafeBytes:
+        // nest one call per buffer and send from the innermost.
+        func gather(_ i: Int) -> PortError? {
+            if i == parts.count {
+                do throws(PortError) {
+                    try streamSendAll(fd, buffers, before: deadline)
+                    return nil
+                } catch {
+                    return error
+                }
+            }
+            return parts[i].withUnsafeBytes { b in
+                buffers.append(b)
+                return gather(i + 1)
+            }
+        }
+        let failure = head.withUnsafeBytes { b in
+            buffers.append(b)
+            return gather(0)
+        }
+        if let failure { throw failure }
+    }
+
+    /// Writes `buffers` in order, at most `CSHIMS_PORT_MAX_IOV` per call.
+    private static func streamSendAll(_ fd: Int32, _ buffers: [UnsafeRawBufferPointer], before deadline: MonotonicClock.Instant) throws(PortError) {
+        let start = MonotonicClock.now
+        let total = buffers.reduce(0) { $0 + $1.count }
+        let maximum = Int(CSHIMS_PORT_MAX_IOV)
+        var sent = 0
+        var index = 0
+        var offset = 0
+        while sent < total {
+            while index < buffers.count && offset == buffers[index].count {
+                index += 1
+                offset = 0
+            }
+            let count = min(maximum, buffers.count - index)
+            let rc = withUnsafeTemporaryAllocation(of: UnsafeRawPointer?.self, capacity: count) { bases in
+                withUnsafeTemporaryAllocation(of: Int.self, capacity: count) { lengths in
+                    for i in 0..<count {
+                        let b = buffers[index + i]
+                        let skip = i == 0 ? offset : 0
+                        bases[i] = b.baseAddress.map { UnsafeRawPointer($0 + skip) }
+                        lengths[i] = b.count - skip
+                    }
+                    return cshims_port_stream_sendv(fd, bases.baseAddress, lengths.baseAddress, Int32(count))
+                }
+            }
+            if rc >= 0 {
+                sent += rc
+                var left = rc
+                while left > 0 {
+                    let rest = buffers[index].count - offset
+                    if left >= rest {
+                        left -= rest
+                        index += 1
+                        offset = 0
+                    } else {
+                        offset += left
+                        left = 0
+                    }
+                }
+                continue
+            }
+            switch -Int32(rc) {
+            case EAGAIN:
+                let now = MonotonicClock.now
+                if now >= deadline {
+                    // Part of a frame went out: the stream is out of step
+                    // for good, so end it.
+                    if sent > 0 { shutdown(fd) }
+                    throw .timedOut(after: now - start)
+                }
+                _ = cshims_port_poll(fd, 2, remainingNanoseconds(until: deadline))
+            case EPIPE, ECONNRESET, ENOTCONN, ETIMEDOUT, EHOSTUNREACH, ENETUNREACH:
+                throw .peerGone
+            case let code:
+                throw environment("sendmsg", code)
+            }
+        }
+    }
+
     enum StreamWrite {
         /// This many bytes went out (possibly fewer than offered).
         case sent(Int)

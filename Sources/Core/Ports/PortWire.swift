@@ -235,13 +235,58 @@ enum PortWire {
     /// most bytes an envelope may carry, all inline.
     static let maximumFrameRecord = headerSize + componentSize * PortEnvelope.maximumComponentCount + PortEnvelope.maximumByteCount
 
-    /// `record` behind its length (u32, little-endian): one frame of a stream.
-    static func frame(_ record: [UInt8]) -> [UInt8] {
-        var bytes: [UInt8] = []
-        bytes.reserveCapacity(4 + record.count)
-        append(UInt32(record.count), to: &bytes)
-        bytes += record
+    /// A frame for a stream, in two parts: `head`, the record's length, its
+    /// header and its component table, and `parts`, the envelope's byte
+    /// buffers, which follow the head on the stream as they are (every
+    /// buffer inline): a sender writes them from the caller's buffers with
+    /// one gathering write, copying nothing. Throws as `encode` does for a
+    /// stream (over the limits, a `LocalPort`, a `RemotePort`).
+    static func streamFrame(_ envelope: PortEnvelope, kind: Kind, sequence: UInt64) throws(PortError) -> (head: [UInt8], parts: [[UInt8]]) {
+        try envelope.checkLimits()
+        if envelope.replyPort != nil { throw .notTransferable("a LocalPort (the envelope's replyPort)") }
+        var parts: [[UInt8]] = []
+        parts.reserveCapacity(envelope.components.count)
+        var total = 0
+        for component in envelope.components {
+            switch component {
+            case .bytes(let b):
+                parts.append(b)
+                total += b.count
+            case .remotePort: throw .notTransferable("a RemotePort (to another host)")
+            case .port: throw .notTransferable("a LocalPort (a component)")
+            }
+        }
+        let recordLength = headerSize + componentSize * parts.count + total
+        var head: [UInt8] = []
+        head.reserveCapacity(4 + headerSize + componentSize * parts.count)
+        append(UInt32(recordLength), to: &head)
+        append(magic, to: &head)
+        head += [kind.rawValue, 0, 0, 0]
+        append(envelope.id, to: &head)
+        append(UInt32(parts.count), to: &head)
+        append(sequence, to: &head)
+        for b in parts {
+            head += [0, 0, 0, 0]
+            append(UInt32(b.count), to: &head)
+        }
+        return (head, parts)
+    }
+
+    /// `streamFrame`'s frame in one buffer (for a queue of reply bytes).
+    static func contiguousStreamFrame(_ envelope: PortEnvelope, kind: Kind, sequence: UInt64) throws(PortError) -> [UInt8] {
+        var (bytes, parts) = try streamFrame(envelope, kind: kind, sequence: sequence)
+        bytes.reserveCapacity(bytes.count + parts.reduce(0) { $0 + $1.count })
+        for b in parts { bytes += b }
         return bytes
+    }
+
+    /// What `FrameReader.next()` returns: a whole frame's bytes (the record
+    /// behind the length for `.spindle`, the whole frame for
+    /// `.foundationSocketPort`), for the caller to decode; or, for a large
+    /// `.spindle` frame read straight into its buffers, the record decoded.
+    enum Frame {
+        case record([UInt8])
+        case decoded(Decoded)
     }
 
     /// Cuts a byte stream into frames of `format`. For `.spindle`, a length
@@ -249,22 +294,91 @@ enum PortWire {
     /// `.foundationSocketPort`, a wrong magic number or a length outside
     /// `FoundationPortWire`'s bounds. The stream cannot be trusted past
     /// either, so its connection is closed.
+    ///
+    /// Bytes reach it two ways. The caller reads into a buffer of its own and
+    /// `append`s them; that is how small frames arrive, several per read.
+    /// A `.spindle` frame whose record is `directThreshold` bytes or more
+    /// (and at most `directLimit`) is read straight into its buffers
+    /// instead: once its header and component table are here (and checked,
+    /// as `decode` would), the reader allocates each component's buffer at
+    /// its final size, moves the bytes that came with the header into them,
+    /// and `readDirect` hands the caller the rest of the current buffer to
+    /// read the stream into. The frame's bytes are then copied once, by the
+    /// kernel, and `next()` returns the envelope with those very buffers.
+    /// The buffers are allocated when the header arrives, so such a frame
+    /// counts whole in `partialFrameBytes` from then on.
     struct FrameReader {
         let format: PortWireFormat
+        /// Records of at least this many bytes are read straight into their
+        /// buffers.
+        let directThreshold: Int
+        /// Records over this many bytes go through the staging buffer
+        /// (which holds only the bytes that came), so that a peer's header
+        /// alone never commits more than this.
+        let directLimit: Int
         private var bytes: [UInt8] = []
         private var start = 0
+        private var direct: DirectFrame?
+        /// Whether the last frame was read straight into its buffers.
+        private var lastWasDirect = false
 
-        init(_ format: PortWireFormat = .spindle) { self.format = format }
+        /// A large frame being read into its components' buffers.
+        private struct DirectFrame {
+            let kind: Kind
+            let id: UInt32
+            let sequence: UInt64
+            /// The record's length: what the frame holds in memory.
+            let recordLength: Int
+            var components: [[UInt8]]
+            /// The component being filled, and how much of it is.
+            var index = 0
+            var filled = 0
+
+            var isComplete: Bool { index == components.count }
+
+            /// Moves past the components already full (and empty ones).
+            mutating func settle() {
+                while index < components.count && filled == components[index].count {
+                    index += 1
+                    filled = 0
+                }
+            }
+        }
+
+        /// Frames of 32 KiB or more are read straight into their buffers,
+        /// up to `directLimit` (4 MiB unless given).
+        static let defaultDirectThreshold = 32 << 10
+
+        init(_ format: PortWireFormat = .spindle, directThreshold: Int = defaultDirectThreshold, directLimit: Int = 4 << 20) {
+            self.format = format
+            self.directThreshold = directThreshold
+            self.directLimit = directLimit
+        }
 
         /// Whether part of a frame is buffered (end of stream now would
         /// truncate it).
-        var hasPartialFrame: Bool { start < bytes.count }
+        var hasPartialFrame: Bool { direct != nil || start < bytes.count }
 
         /// Bytes held for a partial frame (0 with none): what counts
-        /// against `NetworkPort.partialFrameMemoryLimit`.
-        var partialFrameBytes: Int { hasPartialFrame ? bytes.count : 0 }
+        /// against `NetworkPort.partialFrameMemoryLimit`. A frame read
+        /// straight into its buffers counts whole: they are allocated.
+        var partialFrameBytes: Int {
+            if let direct { return direct.recordLength }
+            return start < bytes.count ? bytes.count : 0
+        }
+
+        /// How many bytes the caller's next read should ask for, if fewer
+        /// than its buffer holds: after a frame read straight into its
+        /// buffers, with nothing buffered, just a header with a one-entry
+        /// component table, so that if another large frame follows, its
+        /// bytes go straight into its buffers rather than through the
+        /// caller's (at the cost of one more read per frame).
+        var nextReadLimit: Int? {
+            lastWasDirect && direct == nil && start == bytes.count ? 4 + headerSize + componentSize : nil
+        }
 
         mutating func append(_ chunk: UnsafeRawBufferPointer) {
+            require(direct == nil, "PortWire.FrameReader.append: bytes appended while a frame is read straight into its buffers (readDirect)")
             if start > 0 && start >= bytes.count / 2 {
                 bytes.removeSubrange(0..<start)
                 start = 0
@@ -272,21 +386,50 @@ enum PortWire {
             bytes.append(contentsOf: chunk)
         }
 
-        /// The next whole frame, if one is buffered: the record behind the
-        /// length for `.spindle`, the whole frame for `.foundationSocketPort`.
-        mutating func next() throws(PortError) -> [UInt8]? {
+        /// While a large frame is being read straight into its buffers:
+        /// calls `read` with the rest of the buffer being filled, takes the
+        /// bytes it read, and returns what it returned. Nil when no such
+        /// frame is under way: the caller reads into its own buffer and
+        /// `append`s.
+        mutating func readDirect(_ read: (UnsafeMutableRawBufferPointer) -> PortSocketCalls.StreamRead) -> PortSocketCalls.StreamRead? {
+            guard direct != nil, !direct!.isComplete else { return nil }
+            let index = direct!.index
+            let filled = direct!.filled
+            let result = direct!.components[index].withUnsafeMutableBytes { b in
+                read(UnsafeMutableRawBufferPointer(rebasing: b[filled...]))
+            }
+            if case .bytes(let n) = result {
+                direct!.filled += n
+                direct!.settle()
+            }
+            return result
+        }
+
+        /// The next whole frame, if one is here.
+        mutating func next() throws(PortError) -> Frame? {
+            if let frame = direct {
+                guard frame.isComplete else { return nil }
+                direct = nil
+                lastWasDirect = true
+                let envelope = PortEnvelope(id: frame.id, components: frame.components.map { .bytes($0) })
+                return .decoded(Decoded(kind: frame.kind, sequence: frame.sequence, envelope: envelope))
+            }
             guard let (offset, length) = try nextBounds() else { return nil }
+            lastWasDirect = false
             let frame = Array(bytes[offset..<(offset + length)])
             start = offset + length
             if start == bytes.count {
                 bytes.removeAll(keepingCapacity: bytes.count <= 1 << 20)
                 start = 0
             }
-            return frame
+            return .record(frame)
         }
 
         /// Where the next whole frame's bytes lie, once they are all buffered.
-        private func nextBounds() throws(PortError) -> (offset: Int, length: Int)? {
+        /// For a large `.spindle` frame whose header and component table are
+        /// here but not the rest, starts reading it straight into its
+        /// buffers (and returns nil: the caller reads on).
+        private mutating func nextBounds() throws(PortError) -> (offset: Int, length: Int)? {
             let available = bytes.count - start
             switch format {
             case .spindle:
@@ -304,6 +447,7 @@ enum PortWire {
                    let problem = bytes.withUnsafeBytes({ PortWire.headerProblem($0, at: start + 4, length: length) }) {
                     throw problem
                 }
+                if length >= directThreshold && length <= directLimit { try startDirect(length: length) }
                 return nil
             case .foundationSocketPort:
                 guard available >= 8 else { return nil }
@@ -317,6 +461,68 @@ enum PortWire {
                 }
                 return available >= length ? (start, length) : nil
             }
+        }
+
+        /// With a frame of `length` (the record's) partly buffered from
+        /// `start`, its header checked by `headerProblem`: once its
+        /// component table is here too, checks it as `decode` would, makes
+        /// the components' buffers, moves the buffered bytes into them and
+        /// empties the staging buffer.
+        private mutating func startDirect(length: Int) throws(PortError) {
+            let available = bytes.count - start - 4
+            guard available >= headerSize else { return }
+            let record = start + 4
+            let (rawKind, id, count, sequence) = bytes.withUnsafeBytes { b in
+                (b[record + 4], PortWire.load(UInt32.self, b, record + 8), Int(PortWire.load(UInt32.self, b, record + 12)),
+                 PortWire.load(UInt64.self, b, record + 16))
+            }
+            let tableEnd = headerSize + componentSize * count
+            guard available >= tableEnd else { return }
+            guard let kind = Kind(rawValue: rawKind) else { throw .malformed("unknown record kind \(rawKind)") }
+            var lengths: [Int] = []
+            lengths.reserveCapacity(count)
+            var offset = tableEnd
+            for i in 0..<count {
+                let entry = record + headerSize + componentSize * i
+                let (componentKind, componentLength) = bytes.withUnsafeBytes { b in
+                    (b[entry], Int(PortWire.load(UInt32.self, b, entry + 4)))
+                }
+                switch componentKind {
+                case 0: break
+                case 1, 2: throw .malformed("component \(i) lacks its descriptor")
+                case 3: throw .malformed("component \(i) is in a ring, which only a named port's connection takes")
+                case let other: throw .malformed("component \(i) has unknown kind \(other)")
+                }
+                guard offset + componentLength <= length else { throw .malformed("component \(i) runs past the record's end") }
+                offset += componentLength
+                lengths.append(componentLength)
+            }
+            guard offset == length else { throw .malformed("\(length - offset) bytes after the last component") }
+            guard length - tableEnd <= PortEnvelope.maximumByteCount else {
+                throw .malformed("over \(PortEnvelope.maximumByteCount) bytes")
+            }
+            var frame = DirectFrame(
+                kind: kind, id: id, sequence: sequence, recordLength: length,
+                components: lengths.map { [UInt8](repeating: 0, count: $0) })
+            // The component bytes that came with the header.
+            var from = record + tableEnd
+            frame.settle()
+            while from < bytes.count {
+                let take = min(bytes.count - from, frame.components[frame.index].count - frame.filled)
+                let filled = frame.filled
+                frame.components[frame.index].withUnsafeMutableBytes { target in
+                    bytes.withUnsafeBytes { source in
+                        UnsafeMutableRawBufferPointer(rebasing: target[filled..<(filled + take)])
+                            .copyMemory(from: UnsafeRawBufferPointer(rebasing: source[from..<(from + take)]))
+                    }
+                }
+                from += take
+                frame.filled += take
+                frame.settle()
+            }
+            bytes.removeAll(keepingCapacity: bytes.count <= 1 << 20)
+            start = 0
+            direct = frame
         }
     }
 

@@ -305,14 +305,27 @@ public final class RemotePort: @unchecked Sendable {
         case .local:
             try link.sendRing.send(message, kind: kind, sequence: sequence, on: fd, before: deadline)
         case .stream:
-            let record = try PortWire.encode(message, kind: kind, sequence: sequence, descriptors: false)
-            try writeFrame(PortWire.frame(record.bytes), to: fd, link: link, before: deadline)
+            // Small frames go out in one buffer; larger ones with one
+            // gathering write from the message's own buffers, copying none.
+            if message.byteCount < Self.gatheringThreshold {
+                try writeFrame(PortWire.contiguousStreamFrame(message, kind: kind, sequence: sequence), to: fd, link: link, before: deadline)
+            } else {
+                let (head, parts) = try PortWire.streamFrame(message, kind: kind, sequence: sequence)
+                link.writeLock.lock()
+                defer { link.writeLock.unlock() }
+                try PortSocketCalls.streamSendAll(fd, head: head, parts: parts, before: deadline)
+            }
         case .foundationStream:
             // `send` frames its own messages in this format and
             // `sendRequest` refuses: a Spindle record here is a bug in Spindle.
             misuse("RemotePort: a Spindle record reached a connection in Foundation's SocketPort format")
         }
     }
+
+    /// Messages of at least this many bytes go out over TCP straight from
+    /// their buffers (`PortSocketCalls.streamSendAll(_:head:parts:before:)`);
+    /// below it, copying them behind the header is cheaper than gathering.
+    static let gatheringThreshold = 16 << 10
 
     /// Writes one whole frame to the stream, so that frames from several
     /// threads do not interleave.
@@ -395,12 +408,18 @@ public final class RemotePort: @unchecked Sendable {
     ) throws(PortError) -> PortEnvelope {
         while true {
             while let frame = try link.replyFrames.next() {
-                let decoded = try PortWire.decode(frame: frame)
+                let decoded: PortWire.Decoded
+                switch frame {
+                case .record(let record): decoded = try PortWire.decode(frame: record)
+                case .decoded(let d): decoded = d
+                }
                 if decoded.kind == .reply && decoded.sequence == sequence { return decoded.envelope }
             }
-            switch PortSocketCalls.streamReceive(fd, into: buffer) {
+            // A large reply under way is read straight into its buffers.
+            let read = link.replyFrames.readDirect { PortSocketCalls.streamReceive(fd, into: $0) }
+            switch read ?? PortSocketCalls.streamReceive(fd, into: buffer) {
             case .bytes(let n):
-                link.replyFrames.append(UnsafeRawBufferPointer(rebasing: buffer[0..<n]))
+                if read == nil { link.replyFrames.append(UnsafeRawBufferPointer(rebasing: buffer[0..<n])) }
             case .nothing:
                 guard PortSocketCalls.waitReadable(fd, before: deadline) else { throw .replyTimedOut(after: replyTimeout) }
             case .closed:
