@@ -56,7 +56,7 @@ struct SpindleConcurrencyTests {
     @Test func everyKindOfGlobalJobRunsOnThePoolAtItsPriorityBand() async {
         await #expect(processExitsWith: .success) {
             check(!SpindleConcurrency.isInstalledAsGlobalExecutor, "installed before the call")
-            check(!threadNames().contains("spindle.delay"), "the delay thread runs before any sleep")
+            check(WorkQueue.pendingDelayedSubmissions == 0, "delayed submissions pending before any sleep")
             SpindleConcurrency.installAsGlobalExecutor()
             check(SpindleConcurrency.isInstalledAsGlobalExecutor, "not installed after the call")
             let tally = PoolTally()
@@ -71,7 +71,17 @@ struct SpindleConcurrencyTests {
             await withTaskGroup(of: Void.self) { group in
                 for _ in 0..<1_000 { group.addTask { tally.record("group child") } }
             }
-            // Spindle's delay thread timed them.
+            // Spindle's timer heap times them: a sleep in progress is one of
+            // its pending delayed submissions.
+            let long = Task { try? await Task.sleep(for: .seconds(2)) }
+            var sawItPending = false
+            let giveUp = MonotonicClock.now.advanced(by: .seconds(20))
+            while !sawItPending && MonotonicClock.now < giveUp {
+                sawItPending = WorkQueue.pendingDelayedSubmissions > 0
+                if !sawItPending { usleep(100) }
+            }
+            await long.value
+            check(sawItPending, "a Task.sleep never waited in Spindle's timer heap: Dispatch timed it")
             await Task {
                 try? await Task.sleep(nanoseconds: 1_000_000)
                 tally.record("after Task.sleep(nanoseconds:)")
@@ -84,7 +94,7 @@ struct SpindleConcurrencyTests {
                 try? await MonotonicClock().sleep(until: .now + .milliseconds(1))
                 tally.record("after a MonotonicClock sleep")
             }.value
-            check(threadNames().contains("spindle.delay"), "no spindle.delay thread after the sleeps: Dispatch timed them")
+            check(!threadNames().contains("spindle.delay"), "a spindle.delay thread runs: the timer heap should time sleeps")
             let bands: [(TaskPriority, WorkQueue.Priority)] = [
                 (.high, .high), (.medium, .default), (.low, .low), (.utility, .low), (.background, .background),
             ]

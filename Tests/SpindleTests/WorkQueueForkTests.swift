@@ -1,7 +1,7 @@
 // Work queues across fork() (DESIGN: after fork the child starts with fresh
 // per-thread state): the child of a process whose pool had started workers
-// has only the forking thread, and Spindle resets its pools and its delay
-// thread there, so the child's queues work.
+// has only the forking thread, and Spindle resets its pools and its poller
+// there (keeping the delayed submissions), so the child's queues work.
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -11,7 +11,7 @@ import TestSupport
 
 @Suite("WorkQueue across fork")
 struct WorkQueueForkTests {
-    /// After the pool, a serial queue and the delay thread have run work,
+    /// After the pool, a serial queue and the timer heap have run work,
     /// the process forks. In the child: a global `async`, a serial queue's
     /// `sync` queued behind other items, `async(after:)` and a group `wait`
     /// all complete. The parent waits for the child with `waitpid`, checks
@@ -112,7 +112,8 @@ private func childUsesTheQueues(_ serial: WorkQueue) -> Int32 {
     let countSeenBySync = serial.sync { log.count }
     guard countSeenBySync == 100, log.all == Array(0..<100) else { return 12 }
 
-    // async(after:): the delay thread is gone; the child gets its own.
+    // async(after:): the heap's holder is gone; a worker of the child's
+    // holds the poller for it.
     let deadline = MonotonicClock.now.advanced(by: .milliseconds(5))
     let fired = Semaphore(value: 0)
     let early = LockedValue(false)

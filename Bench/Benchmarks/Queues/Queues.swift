@@ -259,6 +259,7 @@ func nanosecondsNow() -> Int64 { MonotonicClock.now.nanoseconds }
 // MARK: - Registration
 
 let benchmarks: @Sendable () -> Void = {
+    asyncAfterBenchmarks()
     // 1,000 items per measured iteration (microseconds to a few ms each).
     let kiloItems = RunSettings(
         scalingFactor: .kilo, maxDuration: .milliseconds(500), maxIterations: 2_000, warmupIterations: 5,

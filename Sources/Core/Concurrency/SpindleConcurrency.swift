@@ -13,8 +13,9 @@
 /// (`Task {}` from nonisolated code, `Task.detached`, `async let`, task-group
 /// children), the nonisolated parts of every task without an executor
 /// preference, and the jobs of default actors. Timed jobs (`Task.sleep` on `ContinuousClock` or
-/// `SuspendingClock`) wait on Spindle's delay thread, the one that serves
-/// `WorkQueue.async(after:)`, and then run on the pool.
+/// `SuspendingClock`) wait in the standard pool's timer heap, the one that
+/// serves `WorkQueue.async(after:)` and queue timer sources, and then run on
+/// the pool.
 ///
 /// ## Priority
 /// A job runs on the pool of its priority band, as an item of the global
@@ -49,8 +50,8 @@
 ///   fork (a sleeping task) runs in both processes.
 /// - Actors with a custom executor and tasks with an executor preference
 ///   run where those say, as before.
-/// - A `Task.sleep` tolerance is ignored (Spindle's delay thread wakes at
-///   the deadline). A deadline on `ContinuousClock` is converted to the
+/// - A `Task.sleep` tolerance is ignored (the pool's timer heap submits the
+///   job at the deadline). A deadline on `ContinuousClock` is converted to the
 ///   monotonic clock when the job is enqueued, so a suspension of the
 ///   machine delays it by the time suspended.
 /// - A process-wide hook installed through the runtime's C hook variables
@@ -134,7 +135,7 @@ private enum PoolExecutorFactory: ExecutorFactory {
 }
 
 /// Swift's global executor on Spindle's pool: it keeps no state of its own
-/// (the pools, the global queues and the delay thread are Spindle's), so
+/// (the pools, the global queues and the timer heap are Spindle's), so
 /// one shared instance serves the whole process.
 final class PoolGlobalExecutor: TaskExecutor, SchedulingExecutor, CustomStringConvertible {
     static let shared = PoolGlobalExecutor()
@@ -154,13 +155,15 @@ final class PoolGlobalExecutor: TaskExecutor, SchedulingExecutor, CustomStringCo
         Self.queue(for: job).submit(.globalJob(job, asUnownedTaskExecutor()))
     }
 
-    /// Holds `job` on Spindle's delay thread until `instant`, then queues it
+    /// Holds `job` in the standard pool's timer heap until `instant`, then queues it
     /// as `enqueue(_:)` does. `tolerance` is ignored. Stops the process for
     /// a clock whose instants Spindle cannot place on the monotonic clock.
     func enqueue<C: Clock>(_ job: consuming ExecutorJob, at instant: C.Instant, tolerance: C.Duration?, clock: C) {
         let job = UnownedJob(job)
         let deadline = Self.monotonicDeadline(instant, clock: clock)
-        DelayedWork.shared.schedule(.globalJob(job, asUnownedTaskExecutor()), on: Self.queue(for: job), at: deadline)
+        DelayedSubmission.schedule(
+            .globalJob(job, asUnownedTaskExecutor()), on: Self.queue(for: job), at: deadline,
+            api: "Spindle's global executor (enqueue(_:at:))")
     }
 
     /// Holds `job` for `delay` on `clock`; see `enqueue(_:at:tolerance:clock:)`.

@@ -86,7 +86,8 @@ enum EventReactor {
         SignalWatch.Registry.observers.childAfterFork()
         FileSystemWatch.Registry.pool.childAfterFork()
         FileSystemWatch.Registry.reactor.childAfterFork()
-        TimerQueue.shared.childAfterFork()
+        // The timer heap: the queues' stage (`WorkerPool`), since
+        // `async(after:)` uses it without any event source.
         TimerWatch.WallClockRegistry.shared.childAfterFork()
     }
 }

@@ -4,8 +4,9 @@
 /// how many.
 ///
 /// - For a source on a work queue, the timer is an entry in the
-///   `TimerQueue` (one heap for all of them, whose top is the deadline of
-///   the pool worker that waits in the pool's poller).
+///   `TimerQueue` (the pool's timer heap, shared with `async(after:)`,
+///   whose first deadline is that of the pool worker that waits in the
+///   pool's poller), with the window [due time, due time + leeway].
 /// - For a source on a run loop, it is a chain of one-shot `LoopTimer`s in
 ///   that loop's own timers, so that it fires only in the loop's modes.
 ///
@@ -206,14 +207,15 @@ final class TimerWatch: SourceWatch, TimerQueue.Owner, @unchecked Sendable {
     // MARK: In the timer queue
 
     private func scheduleInQueue(arming: Int) throws(EventSourceError) {
-        let latest: Int64? = lock.withLock {
+        let window: (due: Int64, latest: Int64)? = lock.withLock {
             guard !stopped, arming == self.arming, due != .max else { return nil }
-            let (sum, overflow) = monotonicDue().addingReportingOverflow(leeway.nanosecondsSaturating)
-            return overflow ? .max : sum
+            let due = monotonicDue()
+            let (sum, overflow) = due.addingReportingOverflow(leeway.nanosecondsSaturating)
+            return (due, overflow ? .max : sum)
         }
-        guard let latest else { return }
+        guard let window else { return }
         do throws(SystemCallError) {
-            try TimerQueue.shared.schedule(self, latest: latest, arming: arming)
+            try TimerQueue.shared.schedule(self, due: window.due, latest: window.latest, arming: arming)
         } catch {
             throw .systemCall(error)
         }
@@ -315,8 +317,9 @@ final class TimerWatch: SourceWatch, TimerQueue.Owner, @unchecked Sendable {
 }
 
 extension TimerQueue {
-    /// The heap of the timer sources on work queues, in the standard pool's
-    /// poller, made with the first of them.
+    /// The timer heap of the standard pool's poller: the timer sources on
+    /// work queues and the delayed submissions (`async(after:)`), made with
+    /// the first of them.
     static let shared: TimerQueue = {
         guard let poller = WorkerPool.standard.poller else {
             fatalError("TimerQueue: the standard pool has no poller")

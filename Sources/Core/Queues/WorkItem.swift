@@ -1,3 +1,5 @@
+import Synchronization
+
 /// A unit of work you keep a handle on: submit it to a queue (or run it
 /// with `perform()`), cancel it before it starts, wait for it, or have a
 /// closure submitted when it is done. The guide's block object with
@@ -31,6 +33,10 @@ public final class WorkItem: @unchecked Sendable {
     /// The state word, then the notifications' lock word, in one line.
     private let state: UnsafeMutablePointer<UInt32>
     private let notifications: PendingNotifications
+    /// While the item waits for its deadline (`WorkQueue.async(after:_:)`
+    /// of an item): its retained `DelayedSubmission`, so that `cancel` can
+    /// take it out of the timer heap; else 0.
+    private let delayed = Atomic<UInt>(0)
 
     /// A work item running `body`; with `barrier`, it runs alone on a
     /// concurrent queue (see `WorkQueue.asyncBarrier`).
@@ -50,11 +56,33 @@ public final class WorkItem: @unchecked Sendable {
     public var isFinished: Bool { AtomicMemory.load(from: state, ordering: .acquiring) & State.finished != 0 }
 
     /// Cancels the item: if it has not started, its closure never runs. Never
-    /// blocks. An item cancelled before it was ever submitted is finished at
-    /// once (waiters return, notifications run).
+    /// blocks. An item cancelled before it was ever submitted, or while it
+    /// waits for the deadline of `WorkQueue.async(after:_:)`, is finished at
+    /// once (waiters return, notifications run), and in the second case
+    /// leaves the pending timers at once too.
     public func cancel() {
         let before = AtomicMemory.orOriginal(State.cancelled, into: state, ordering: .acquiringAndReleasing)
-        if before & (State.submitted | State.cancelled) == 0 { finish() }
+        if before & State.cancelled != 0 { return }
+        if before & State.submitted == 0 {
+            finish()
+        } else if let submission = takeDelayed(), submission.cancel() {
+            // Out of the heap before it fired: it never reaches its queue.
+            finish()
+        }
+    }
+
+    /// Records the item's pending delayed submission (before it is in the
+    /// heap).
+    func noteDelayed(_ submission: DelayedSubmission) {
+        delayed.store(UInt(bitPattern: Unmanaged.passRetained(submission).toOpaque()), ordering: .releasing)
+    }
+
+    /// Forgets the pending delayed submission (it fired, or is cancelled
+    /// now): returns it if it was still recorded.
+    func takeDelayed() -> DelayedSubmission? {
+        let raw = delayed.exchange(0, ordering: .acquiringAndReleasing)
+        guard raw != 0, let pointer = UnsafeRawPointer(bitPattern: raw) else { return nil }
+        return Unmanaged<DelayedSubmission>.fromOpaque(pointer).takeRetainedValue()
     }
 
     /// Runs the item on the calling thread now. Stops the process if it was

@@ -379,16 +379,42 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     }
 
     /// Submits `body` when `deadline` (on the monotonic clock) has passed:
-    /// never earlier. Never blocks. The wait happens on Spindle's delay
-    /// thread, which sleeps on a futex until the earliest deadline.
+    /// never earlier. Never blocks. The deadline waits in the standard
+    /// pool's timer heap, beside the timer sources on work queues: an idle
+    /// worker sleeps until the earliest deadline and submits what is due
+    /// (while every worker computes, the pool's watchdog looks every 10 ms
+    /// at most). A suspended queue runs `body` after it resumes.
     public func async(after deadline: MonotonicClock.Instant, _ body: @escaping @Sendable () -> Void) {
-        DelayedWork.shared.schedule(.closure(body), on: self, at: deadline)
+        DelayedSubmission.schedule(.closure(body), on: self, at: deadline, api: "WorkQueue.async(after:_:)")
     }
 
     /// Submits `body` after `delay`; see `async(after:_:)` with a deadline.
     public func async(after delay: Duration, _ body: @escaping @Sendable () -> Void) {
         async(after: MonotonicClock.now.advanced(by: delay), body)
     }
+
+    /// Submits `item` when `deadline` (on the monotonic clock) has passed:
+    /// never earlier. Never blocks. Cancelling the item before its deadline
+    /// takes it out of the pending timers at once and finishes it then
+    /// (waiters return, notifications run); cancelled after its deadline,
+    /// it is skipped when its turn on the queue comes. A work item runs
+    /// once: submitting it a second time stops the process.
+    public func async(after deadline: MonotonicClock.Instant, _ item: WorkItem) {
+        item.markSubmitted("WorkQueue.async(after:_:)", to: self)
+        if item.isBarrier { requireBarrierAllowed("async(after:_:) of a barrier WorkItem") }
+        DelayedSubmission.schedule(.item(item), on: self, at: deadline, api: "WorkQueue.async(after:_:)")
+    }
+
+    /// Submits `item` after `delay`; see `async(after:_:)` with a deadline
+    /// and a work item.
+    public func async(after delay: Duration, _ item: WorkItem) {
+        async(after: MonotonicClock.now.advanced(by: delay), item)
+    }
+
+    /// How many submissions of `async(after:)` (and jobs the global executor
+    /// holds until an instant) wait for their deadline, in every queue: a
+    /// package diagnostic.
+    package static var pendingDelayedSubmissions: Int { DelayedSubmission.pendingCount }
 
     /// Where a unit goes: straight to the pool for a global queue, into the
     /// queue's ring otherwise.

@@ -398,7 +398,7 @@ final class WorkerPool: PoolPoller.Workers, @unchecked Sendable {
 
     /// The queues' fork handlers (`ForkHandlers`), registered with the first
     /// pool or delayed item. In the parent: make every pool, the main queue
-    /// and the delayed-work thread's state now, and run on nothing the code
+    /// and the timer heap now, and run on nothing the code
     /// the child runs, so that the child makes no lazy global and no type
     /// metadata. In the child: the pools start again without their workers,
     /// the main queue is repaired, and what the forking thread holds of the
@@ -411,7 +411,7 @@ final class WorkerPool: PoolPoller.Workers, @unchecked Sendable {
                 _ = WorkerPool.low
                 _ = WorkerPool.background
                 _ = WorkQueue.main
-                _ = DelayedWork.shared
+                _ = TimerQueue.shared
                 WorkerPool.prepareForFork()
                 // The walk the child makes, made here first (epoch 0
                 // records nothing).
@@ -421,7 +421,11 @@ final class WorkerPool: PoolPoller.Workers, @unchecked Sendable {
                 WorkerPool.childAfterForkAll()
                 WorkQueue.main.childAfterFork()
                 QueueFrame.noteHoldingsAfterFork(epoch: epoch)
-                DelayedWork.shared.childAfterFork()
+                // The timer heap keeps the delayed submissions (their queues
+                // go on in the child) and announces them to the child's
+                // poller, reset by `childAfterForkAll` above.
+                TimerQueue.shared.childAfterFork()
+                TimerQueue.shared.announceAfterFork()
             })
     }()
 
