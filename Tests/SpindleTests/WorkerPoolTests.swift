@@ -121,6 +121,56 @@ struct WorkerPoolTests {
         print(stderr(r))
     }
 
+    /// Every worker runs a chain of short items, each submitting the next
+    /// from its own item (so each link waits in its worker's next-unit
+    /// slot): a unit submitted from outside the pool still runs within a
+    /// worker's every-61st look, counted in chain links run meanwhile, not
+    /// in time. Before the look came ahead of the slot, the chains ran about
+    /// 1,037 links per worker first. In its own process, so no other test's
+    /// units wait in the injector ahead of the probe.
+    @Test func anOutsideUnitRunsWithinSixtyOneLooksWhileWorkersChainThroughTheirSlots() async {
+        let r = await #expect(processExitsWith: .success, observing: [\.standardErrorContent]) {
+            final class Chains: @unchecked Sendable {
+                // @unchecked: both words are only accessed atomically.
+                let links = UnsafeMutablePointer<Int>.allocate(capacity: 1)
+                let stop = UnsafeMutablePointer<Int>.allocate(capacity: 1)
+                init() {
+                    links.initialize(to: 0)
+                    stop.initialize(to: 0)
+                }
+                func link() {
+                    AtomicMemory.add(1, to: links, ordering: .relaxed)
+                    // About 20 µs of computing, no system call.
+                    let end = MonotonicClock.now.advanced(by: .microseconds(20))
+                    while MonotonicClock.now < end { spinLoopHint() }
+                    if AtomicMemory.load(from: stop, ordering: .relaxed) == 0 {
+                        WorkQueue.global().async { self.link() }
+                    }
+                }
+                var count: Int { AtomicMemory.load(from: links, ordering: .relaxed) }
+            }
+            let chains = Chains()
+            let width = WorkQueue.poolWidth
+            for _ in 0..<width { WorkQueue.global().async { chains.link() } }
+            while chains.count < 2_000 { blocking { NativeThread.sleep(for: .milliseconds(1)) } }
+            let ran = Semaphore(value: 0)
+            let linksBefore = chains.count
+            let linksWhileWaiting = LockedValue(-1)
+            WorkQueue.global().async {
+                linksWhileWaiting.withLock { $0 = chains.count - linksBefore }
+                _ = ran.signal()
+            }
+            let served = blocking { ran.wait(timeout: .seconds(30)) } == .completed
+            AtomicMemory.store(1, to: chains.stop, ordering: .relaxed)
+            let meanwhile = linksWhileWaiting.withLock { $0 }
+            writeToStandardError("CHAINS: \(width) workers; the outside unit ran after \(meanwhile) chain links\n")
+            // Each worker looks at the injector at most 61 looks apart; a
+            // chain link is one look (plus one fall-through per 17).
+            exit(served && meanwhile <= 80 * width ? 0 : 1)
+        }
+        print(stderr(r))
+    }
+
     /// A pool within its width that goes idle sleeps until woken: its
     /// workers do not wake once in the 2.5 s after the work ends (past the
     /// 2 s idle-exit deadline, which only a worker beyond the width sleeps
