@@ -18,7 +18,7 @@ struct WorkQueueDelayTests {
     /// deadline, and they run in deadline order, ties in submission order.
     @Test func delayedClosuresRunInDeadlineOrderAndNeverEarly() {
         let queue = WorkQueue(label: "delay.order")
-        let start = MonotonicClock.now.advanced(by: .milliseconds(5))
+        let start = MonotonicClock.now.advanced(by: .milliseconds(50))
         var generator = SplitMix(state: 37)
         let order = Array(0..<40).shuffled(using: &generator)
         let log = OrderLog()
@@ -39,6 +39,11 @@ struct WorkQueueDelayTests {
                 group.leave()
             }
         }
+        // The order is promised among closures queued before their
+        // deadlines. Submitting takes microseconds; a machine loaded enough
+        // to preempt this thread for 50 ms made a later closure due before
+        // earlier ones were queued (seen under two CPU hogs).
+        let queuedInTime = MonotonicClock.now < start
         #expect(group.wait(timeout: .seconds(30)) == .completed)
         #expect(early.withLock { $0 }.isEmpty, "ran before their deadlines: \(early.withLock { $0 })")
         let ran = log.all
@@ -48,7 +53,11 @@ struct WorkQueueDelayTests {
             let a = pair * 2, b = a + 1
             return submittedFirst[a] == true ? [a, b] : [b, a]
         }
-        #expect(ran == expected)
+        if queuedInTime {
+            #expect(ran == expected)
+        } else {
+            print("delayedClosuresRunInDeadlineOrderAndNeverEarly: the submissions ran past the first deadline; the order is not checked")
+        }
     }
 
     /// While every worker of the pool computes (one chain per worker of

@@ -286,6 +286,16 @@ final class PoolPoller: @unchecked Sendable {
 
     // MARK: Fork
 
+    /// In the parent, before `fork()`: the generic types of the poller's
+    /// code (`ForkHandlers.makeMetadata`).
+    static func prepareForFork() {
+        ForkHandlers.makeMetadata(
+            Registration?.self, State?.self, MonotonicClock.Instant?.self,
+            [UInt64: Registration].self, (UInt64, Registration).self,
+            [ReadyEvent].self, IndexingIterator<[ReadyEvent]>.self)
+        ForkHandlers.makeMetadata(ofNoncopyable: Atomic<Bool>.self)
+    }
+
     /// In a child after `fork()`: the parent's epoll instance is shared with
     /// the parent, so the child leaves it (its registrations retired, not
     /// released: their teardown would act on the parent's watches) and makes

@@ -187,6 +187,14 @@ final class TimerQueue: PoolPoller.Timers, @unchecked Sendable {
         return true
     }
 
+    /// In the parent, before `fork()`: the generic types of the heap's code
+    /// (`ForkHandlers.makeMetadata`).
+    static func prepareForFork() {
+        ForkHandlers.makeMetadata(
+            ByLatest?.self, MinHeap<ByLatest>.self, MinHeap<ByDue>.self,
+            [Slot].self, IndexingIterator<[Slot]>.self)
+    }
+
     /// In a child after `fork()`: the parent's timer sources are not the
     /// child's, but its delayed submissions are (they run in the child when
     /// due, as the queues they were submitted to go on there). The poller

@@ -183,6 +183,17 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         }
     }
 
+    /// In the parent, before `fork()`: the generic types of the worker's
+    /// loop, the pool's and the monitor's (`ForkHandlers.makeMetadata`).
+    static func prepareForFork() {
+        ForkHandlers.makeMetadata(
+            PoolPoller?.self, PoolWorker?.self, WorkUnit?.self, UInt64?.self, UnsafeMutableRawPointer?.self,
+            [PoolWorker].self, IndexingIterator<[PoolWorker]>.self,
+            (PoolWorker, UInt64).self, [(PoolWorker, UInt64)].self, IndexingIterator<[(PoolWorker, UInt64)]>.self,
+            [UnsafeMutableRawPointer].self, IndexingIterator<[UnsafeMutableRawPointer]>.self,
+            UnsafeMutablePointer<Int>.self, Unmanaged<WorkQueue>.self)
+    }
+
     // MARK: The worker's loop
 
     private func main() {

@@ -452,6 +452,11 @@ final class WorkerPool: PoolPoller.Workers, @unchecked Sendable {
         let none: [PoolWorker] = nobody.map { [$0] } ?? []
         for worker in none where worker !== nobody { _ = worker }
         _ = nobody.flatMap { $0.pool === standard ? $0 : nil }
+        // What a child's new workers, its monitor and its poller run before
+        // anything else (see `ForkHandlers.makeMetadata`).
+        PoolWorker.prepareForFork()
+        PoolPoller.prepareForFork()
+        TimerQueue.prepareForFork()
     }
 
     /// In a child after `fork()`: the workers are gone (only the forking

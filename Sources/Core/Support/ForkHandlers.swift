@@ -119,6 +119,26 @@ enum ForkHandlers {
         }
     }
 
+    /// In a `prepare` handler: makes the metadata of `types` now, in the
+    /// parent. A build without specialization (debug) makes the metadata of
+    /// a generic type (an optional, an array, its iterator) the first time
+    /// code uses it, under the Swift runtime's locks, and caches it per
+    /// module. Code the child runs from its first moment (a new worker's
+    /// loop, the poller) and that a parent thread may never have run (a
+    /// worker that has run one long item since it started) names its types
+    /// here; in the child a parent thread that held one of those locks at
+    /// the fork would make it wait forever (seen: a child's new worker hung
+    /// making `PoolPoller?` while a parent thread made another optional).
+    /// Each `X.self` below loads the same module-wide cache the code's own
+    /// use does.
+    static func makeMetadata(_ types: Any.Type...) {
+        for type in types { _ = ObjectIdentifier(type) }
+    }
+
+    /// `makeMetadata` for a type that is not copyable (no `Any.Type`).
+    @inline(never)
+    static func makeMetadata<T: ~Copyable>(ofNoncopyable type: T.Type) {}
+
     /// Installs the `pthread_atfork` pair without registering a handler:
     /// from then on every `fork()` advances the child's fork epoch, which is
     /// all a `ForkRepairedLock` needs. Any thread; idempotent.
