@@ -121,52 +121,31 @@ struct WorkerPoolTests {
         print(stderr(r))
     }
 
-    /// Every worker runs a chain of short items, each submitting the next
-    /// from its own item (so each link waits in its worker's next-unit
-    /// slot): a unit submitted from outside the pool still runs within a
-    /// worker's every-61st look, counted in chain links run meanwhile, not
-    /// in time. Before the look came ahead of the slot, the chains ran about
+    /// Every worker runs a chain of short items (20 µs), each submitting
+    /// the next from its own item (so each link waits in its worker's
+    /// next-unit slot): a unit submitted from outside the pool still runs
+    /// within a worker's fair look (the injector, ahead of the slot, every
+    /// 61st look at most), counted in chain links run meanwhile, not in
+    /// time. Before the look came ahead of the slot, the chains ran about
     /// 1,037 links per worker first. In its own process, so no other test's
     /// units wait in the injector ahead of the probe.
     @Test func anOutsideUnitRunsWithinSixtyOneLooksWhileWorkersChainThroughTheirSlots() async {
         let r = await #expect(processExitsWith: .success, observing: [\.standardErrorContent]) {
-            final class Chains: @unchecked Sendable {
-                // @unchecked: both words are only accessed atomically.
-                let links = UnsafeMutablePointer<Int>.allocate(capacity: 1)
-                let stop = UnsafeMutablePointer<Int>.allocate(capacity: 1)
-                init() {
-                    links.initialize(to: 0)
-                    stop.initialize(to: 0)
-                }
-                func link() {
-                    AtomicMemory.add(1, to: links, ordering: .relaxed)
-                    // About 20 µs of computing, no system call.
-                    let end = MonotonicClock.now.advanced(by: .microseconds(20))
-                    while MonotonicClock.now < end { spinLoopHint() }
-                    if AtomicMemory.load(from: stop, ordering: .relaxed) == 0 {
-                        WorkQueue.global().async { self.link() }
-                    }
-                }
-                var count: Int { AtomicMemory.load(from: links, ordering: .relaxed) }
-            }
-            let chains = Chains()
-            let width = WorkQueue.poolWidth
-            for _ in 0..<width { WorkQueue.global().async { chains.link() } }
-            while chains.count < 2_000 { blocking { NativeThread.sleep(for: .milliseconds(1)) } }
-            let ran = Semaphore(value: 0)
-            let linksBefore = chains.count
-            let linksWhileWaiting = LockedValue(-1)
-            WorkQueue.global().async {
-                linksWhileWaiting.withLock { $0 = chains.count - linksBefore }
-                _ = ran.signal()
-            }
-            let served = blocking { ran.wait(timeout: .seconds(30)) } == .completed
-            AtomicMemory.store(1, to: chains.stop, ordering: .relaxed)
-            let meanwhile = linksWhileWaiting.withLock { $0 }
-            writeToStandardError("CHAINS: \(width) workers; the outside unit ran after \(meanwhile) chain links\n")
-            // Each worker looks at the injector at most 61 looks apart; a
-            // chain link is one look (plus one fall-through per 17).
-            exit(served && meanwhile <= 80 * width ? 0 : 1)
+            // A link is one look (plus one fall-through per 17).
+            exit(outsideUnitWaitsWithinLinks(linkMicroseconds: 20, linksPerWorker: 80) ? 0 : 1)
+        }
+        print(stderr(r))
+    }
+
+    /// The same with links of 100 µs: the fair look's interval is tuned to
+    /// the units' time (Tokio's global queue interval, 200 µs of units
+    /// between looks), so each worker looks every 2nd link, not every 61st:
+    /// the outside unit waits a few links per worker (a fixed interval of 61
+    /// let it wait about 60, which made a 1 ms `async(after:)` under such a
+    /// load run 2–3 ms late).
+    @Test func anOutsideUnitWaitsAFewLinksBehindLongLinks() async {
+        let r = await #expect(processExitsWith: .success, observing: [\.standardErrorContent]) {
+            exit(outsideUnitWaitsWithinLinks(linkMicroseconds: 100, linksPerWorker: 10) ? 0 : 1)
         }
         print(stderr(r))
     }
@@ -296,4 +275,49 @@ struct WorkerPoolTests {
         if !released.isOpen { waits.release() }  // don't leave workers blocked for the other tests
         #expect(finished.wait(seconds: 30), "\(kind): blocked items never finished")
     }
+}
+
+/// In an exit test's process: every worker runs a chain of items that each
+/// compute for `linkMicroseconds` (no system call) and submit the next from
+/// inside; once the chains have run 2,000 links (the workers' fair look
+/// interval tuned), a unit submitted from outside the pool must run within
+/// `linksPerWorker` links per worker. Prints what it saw.
+func outsideUnitWaitsWithinLinks(linkMicroseconds: Int64, linksPerWorker: Int) -> Bool {
+    final class Chains: @unchecked Sendable {
+        // @unchecked: both words are only accessed atomically; `micros` is
+        // immutable.
+        let links = UnsafeMutablePointer<Int>.allocate(capacity: 1)
+        let stop = UnsafeMutablePointer<Int>.allocate(capacity: 1)
+        let micros: Int64
+        init(micros: Int64) {
+            self.micros = micros
+            links.initialize(to: 0)
+            stop.initialize(to: 0)
+        }
+        func link() {
+            AtomicMemory.add(1, to: links, ordering: .relaxed)
+            let end = MonotonicClock.now.advanced(by: .microseconds(micros))
+            while MonotonicClock.now < end { spinLoopHint() }
+            if AtomicMemory.load(from: stop, ordering: .relaxed) == 0 {
+                WorkQueue.global().async { self.link() }
+            }
+        }
+        var count: Int { AtomicMemory.load(from: links, ordering: .relaxed) }
+    }
+    let chains = Chains(micros: linkMicroseconds)
+    let width = WorkQueue.poolWidth
+    for _ in 0..<width { WorkQueue.global().async { chains.link() } }
+    while chains.count < 2_000 { blocking { NativeThread.sleep(for: .milliseconds(1)) } }
+    let ran = Semaphore(value: 0)
+    let linksBefore = chains.count
+    let linksWhileWaiting = LockedValue(-1)
+    WorkQueue.global().async {
+        linksWhileWaiting.withLock { $0 = chains.count - linksBefore }
+        _ = ran.signal()
+    }
+    let served = blocking { ran.wait(timeout: .seconds(30)) } == .completed
+    AtomicMemory.store(1, to: chains.stop, ordering: .relaxed)
+    let meanwhile = linksWhileWaiting.withLock { $0 }
+    writeToStandardError("CHAINS: \(width) workers, links of \(linkMicroseconds) µs; the outside unit ran after \(meanwhile) chain links (at most \(linksPerWorker * width))\n")
+    return served && meanwhile <= linksPerWorker * width
 }

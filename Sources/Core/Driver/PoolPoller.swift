@@ -20,7 +20,8 @@ import Synchronization
 /// worker (or starts one, within the pool's width) to hold it in its place:
 /// the eager hand-off of Tokio 1.52 (tokio-rs/tokio#8010), so the driver is
 /// never left unattended while a CPU is free. Busy workers poll it without
-/// blocking every 61st unit they take (Tokio's `event_interval`) and when
+/// blocking at each fair look (every 61st unit they take, Tokio's
+/// `event_interval`, or about every 200 µs of long units) and when
 /// they run dry, and the first worker to park waits in it again. The one
 /// case the hand-off cannot cover is every worker computing, with no permit
 /// free to hand it to: then the pool's monitor (`PoolMonitor`, Go's

@@ -4,8 +4,8 @@ import CShims
 /// that finds and runs work. Installed as its thread's `BlockingObserver`, so
 /// a blocking wait inside an item gives the worker's permit back to the pool.
 final class PoolWorker: BlockingObserver, @unchecked Sendable {
-    // @unchecked: `ring` synchronizes itself (see `StealableRing`); `tick`,
-    // `isSearching` and `stealBuffer` are touched only by the worker's own
+    // @unchecked: `ring` synchronizes itself (see `StealableRing`); the
+    // fair looks' counters, `isSearching` and `stealBuffer` are touched only by the worker's own
     // thread; `slot` synchronizes itself (see `NextUnitSlot`); the park
     // word is atomic.
 
@@ -49,7 +49,28 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     private var dispatchingWhileParked = false
     /// Whether `willBlock` gave a permit back, for `didUnblock`. Owner only.
     private var gaveUpPermit = false
-    private var tick = 0
+    /// Looks since the last fair look (the poller, then the injector,
+    /// before the slot). Owner only.
+    private var looksSinceFair = 0
+    /// Looks between two fair looks: Tokio's global queue interval, tuned
+    /// after each so that they come about every `fairPeriod` of running
+    /// units (`tuneFairInterval`): every 61st look for units of up to
+    /// 3.3 µs (Go's and Tokio's fixed 61), every 2nd for units of 100 µs
+    /// and more. Owner only.
+    private var fairInterval = PoolWorker.maxFairInterval
+    /// The clock and `unitsStarted` at the last fair look; the clock is 0
+    /// after a park (the time asleep is no unit's). Owner only.
+    private var fairLookClock: Int64 = 0
+    private var fairLookUnits: UInt64 = 0
+    /// The average time of a unit, in nanoseconds, weighted towards recent
+    /// ones (0 until measured). Owner only.
+    private var unitTime: Double = 0
+    /// Tokio's target (`TARGET_GLOBAL_QUEUE_INTERVAL`): a worker running
+    /// long units still looks at the poller and the injector about this
+    /// often.
+    static let fairPeriodNanoseconds: Double = 200_000
+    static let minFairInterval = 2
+    static let maxFairInterval = 61
     private var isSearching = true
     static let stealLimit = 64
     /// Scratch space for units moved between rings (steals, injector
@@ -260,21 +281,26 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     /// `WorkerPool`.
     private func findWork() -> (WorkUnit, lane: Int)? {
         let defaultLane = WorkerPool.defaultLane
-        tick &+= 1
+        looksSinceFair &+= 1
         // Under schedule perturbation, now and then the slot's unit goes to
         // the front of the ring, where a thief may take it (as after
         // `slotLimit` runs), and a steal comes before the own ring: orders
         // the pool never promised (Go's scheduler under -race declines
         // `runnext` at random the same way).
         if slot.isFullForOwner && Perturbation.choose(.workerPick) { flushSlot() }
-        // Every 61st look, whatever the slot holds (Go's `schedtick % 61`,
+        // Every `fairInterval`th look, whatever the slot holds (Go's
+        // `schedtick % 61`, Tokio's tuned global queue interval; both
         // before `runnext`): the poller, then the injector. Checked after
         // the slot instead, a unit chaining itself through the slot skipped
         // it for as long as the chain ran (the fall-through every
         // `slotLimit + 1` looks met a multiple of 61 once per 1,037 looks):
         // a 1 ms `async(after:)` behind two chains of 100 µs items ran
-        // about 100 ms late.
-        if tick % 61 == 0 {
+        // about 100 ms late. With a fixed 61 it ran about 2 ms late (61
+        // items of 100 µs between two looks of a worker); tuned, a look
+        // comes every 2 such items.
+        if looksSinceFair >= fairInterval {
+            looksSinceFair = 0
+            tuneFairInterval()
             _ = pollWithoutBlocking()
             if let unit = takeFromInjector(lane: defaultLane) { return (unit, defaultLane) }
         }
@@ -300,10 +326,40 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         return nil
     }
 
+    /// At a fair look: from the units run since the last one and the time
+    /// they took, the average unit time (Tokio's per-unit moving average,
+    /// weight 0.1 per unit), and from it the looks until the next fair look:
+    /// `fairPeriodNanoseconds` over the unit time, within 2...61. One clock
+    /// read per fair look: for units of a few hundred nanoseconds, one per
+    /// 61 units. Owner only.
+    private func tuneFairInterval() {
+        let now = MonotonicClock.now.nanoseconds
+        let units = unitsStarted &- fairLookUnits
+        if fairLookClock != 0 && units > 0 {
+            let mean = Double(now &- fairLookClock) / Double(units)
+            // 1 - 0.9^units, to within 5% for a handful of units and exactly
+            // 1 from 30 on (0.9^30 ≈ 0.04).
+            let weight = units >= 30 ? 1 : 1 - Self.decay(units)
+            unitTime = unitTime == 0 ? mean : unitTime + weight * (mean - unitTime)
+            let looks = Self.fairPeriodNanoseconds / max(unitTime, 1)
+            fairInterval = looks >= Double(Self.maxFairInterval)
+                ? Self.maxFairInterval : max(Self.minFairInterval, Int(looks))
+        }
+        fairLookClock = now
+        fairLookUnits = unitsStarted
+    }
+
+    /// 0.9 to the power `units` (below 30).
+    private static func decay(_ units: UInt64) -> Double {
+        var result = 1.0
+        for _ in 0..<units { result *= 0.9 }
+        return result
+    }
+
     /// Takes the pool's poller if something is watched and nobody holds it,
     /// and runs what is ready or due, without waiting; their calls land in
-    /// this worker's slot and ring. Every 61st look (Tokio's
-    /// `event_interval`), so that event sources are served while every
+    /// this worker's slot and ring. At each fair look (`fairInterval`,
+    /// Tokio's `event_interval`), so that event sources are served while every
     /// worker is busy, and when the worker runs out of work, before it
     /// spins. Returns whether it ran anything.
     private func pollWithoutBlocking() -> Bool {
@@ -452,6 +508,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     private func park() -> Bool {
         let pool = self.pool
         flushSlot()
+        fairLookClock = 0
         AtomicMemory.store(1, to: parkWord, ordering: .relaxed)
         pool.lock.lock()
         pool.idle.append(self)

@@ -27,9 +27,11 @@ import CShims
 ///   default; the `standard` band serves both); a worker takes a fair share
 ///   of the default lane per trip through the lock (Go's `globrunqget`). A
 ///   worker looks in its slot, the high lane, its own ring, the default
-///   lane, then steals half of another worker's ring. Every 61st look
-///   starts at the injector so a busy local ring cannot starve it (Go's
-///   `schedtick % 61`).
+///   lane, then steals half of another worker's ring. A fair look (the
+///   poller, then the injector, first) comes every 61st look (Go's
+///   `schedtick % 61`), or sooner when the units are long: every look
+///   that follows about 200 µs of units, at least every 2nd (Tokio's tuned
+///   global queue interval), so a busy local ring cannot starve them.
 /// - **How a submitted unit reaches a free worker, and when.** Every
 ///   submission, to a ring, the injector or a slot, is announced: if no
 ///   worker is searching and a permit is free, one parked worker is woken
@@ -67,8 +69,8 @@ import CShims
 ///   the pool's poller (`PoolPoller`, Tokio's I/O driver) instead of on its
 ///   futex, and runs the calls of what it finds itself, after it woke
 ///   another parked worker to hold the poller in its place (Tokio's eager
-///   driver hand-off); busy workers poll it every 61st look and when they
-///   run dry, and while every worker computes the monitor polls it. A
+///   driver hand-off); busy workers poll it at each fair look and when
+///   they run dry, and while every worker computes the monitor polls it. A
 ///   waker prefers a parked worker that is not the poller's.
 ///
 /// **On many cores.** A submission from a worker writes only that
@@ -266,7 +268,7 @@ final class WorkerPool: PoolPoller.Workers, @unchecked Sendable {
     /// into the poller, and the holder that hands the poller on (the eager
     /// hand-off, `PoolPoller.release`) is itself a searcher about to run
     /// what it found. With every permit taken this is one load and no lock
-    /// (a busy worker's poll every 61st unit ends here).
+    /// (a busy worker's poll at its fair look ends here).
     func wakeForPoller() {
         guard AtomicMemory.load(from: active, ordering: .sequentiallyConsistent) < width else { return }
         wakeOne(evenIfSearching: true)
