@@ -230,21 +230,7 @@ enum PortSocketCalls {
                 sent += rc
                 continue
             }
-            switch -Int32(rc) {
-            case EAGAIN:
-                let now = MonotonicClock.now
-                if now >= deadline {
-                    // Part of a frame went out: the stream is out of step
-                    // for good, so end it.
-                    if sent > 0 { shutdown(fd) }
-                    throw .timedOut(after: now - start)
-                }
-                _ = cshims_port_poll(fd, 2, remainingNanoseconds(until: deadline))
-            case EPIPE, ECONNRESET, ENOTCONN, ETIMEDOUT, EHOSTUNREACH, ENETUNREACH:
-                throw .peerGone
-            case let code:
-                throw environment("send", code)
-            }
+            try streamWriteFailed(fd, code: -Int32(rc), sent: sent, since: start, before: deadline, call: "send")
         }
     }
 
@@ -319,21 +305,31 @@ enum PortSocketCalls {
                 }
                 continue
             }
-            switch -Int32(rc) {
-            case EAGAIN:
-                let now = MonotonicClock.now
-                if now >= deadline {
-                    // Part of a frame went out: the stream is out of step
-                    // for good, so end it.
-                    if sent > 0 { shutdown(fd) }
-                    throw .timedOut(after: now - start)
-                }
-                _ = cshims_port_poll(fd, 2, remainingNanoseconds(until: deadline))
-            case EPIPE, ECONNRESET, ENOTCONN, ETIMEDOUT, EHOSTUNREACH, ENETUNREACH:
-                throw .peerGone
-            case let code:
-                throw environment("sendmsg", code)
+            try streamWriteFailed(fd, code: -Int32(rc), sent: sent, since: start, before: deadline, call: "sendmsg")
+        }
+    }
+
+    /// After a stream write (`call`, for the error) failed with `code`:
+    /// on EAGAIN waits for room until `deadline`, and past it ends the
+    /// stream if part of a frame went out (`sent` bytes: the stream is out
+    /// of step for good) and throws `.timedOut`; a lost peer is
+    /// `.peerGone`; anything else is the environment's error.
+    private static func streamWriteFailed(
+        _ fd: Int32, code: Int32, sent: Int, since start: MonotonicClock.Instant,
+        before deadline: MonotonicClock.Instant, call: String
+    ) throws(PortError) {
+        switch code {
+        case EAGAIN:
+            let now = MonotonicClock.now
+            if now >= deadline {
+                if sent > 0 { shutdown(fd) }
+                throw .timedOut(after: now - start)
             }
+            _ = cshims_port_poll(fd, 2, remainingNanoseconds(until: deadline))
+        case EPIPE, ECONNRESET, ENOTCONN, ETIMEDOUT, EHOSTUNREACH, ENETUNREACH:
+            throw .peerGone
+        default:
+            throw environment(call, code)
         }
     }
 
