@@ -1,8 +1,4 @@
 import CShims
-import Synchronization
-#if canImport(Glibc)
-import Glibc
-#endif
 
 /// A short lock that a child process after `fork()` never waits for on a
 /// parent thread's account: for state a process may touch after it forked
@@ -13,10 +9,11 @@ import Glibc
 /// releases it in the child, where that thread does not exist. So the first
 /// hold in a new fork epoch (`cshims_fork_epoch`, which `ForkHandlers`'
 /// child handler advances) makes the lock free again instead of waiting:
-/// one thread repairs, the first to swap `epoch` to `repairing`, and the
-/// others yield until it holds the child's epoch. Nobody in the child can
-/// have taken the lock before (every hold starts in `withLock`), so freeing
-/// it steals it from no one. What it guards was written whole under the
+/// one thread repairs, the first to swap the epoch word to `repairing`,
+/// and the others sleep on that word (a futex wait, as a queue's repair
+/// does: no `sched_yield` on a lock path) until it holds the child's
+/// epoch. Nobody in the child can have taken the lock before (every hold
+/// starts in `withLock`), so freeing it steals it from no one. What it guards was written whole under the
 /// lock, by the parent, and is the parent's state: the owner must tell it
 /// apart (by pid, say). Creating one installs the fork handlers, so that
 /// epochs are counted in a process that made no thread record or loop yet.
@@ -24,24 +21,28 @@ import Glibc
 /// Costs one relaxed load and compare beyond the lock. For holds of a few
 /// instructions, never across a wait (a `GuardLock`: no fairness policy).
 final class ForkRepairedLock: @unchecked Sendable {
-    // @unchecked: `lock` is touched through its atomics, `epoch` is atomic.
+    // @unchecked: `lock` is touched through its atomics, `epochWord` only
+    // atomically.
 
     private let lock = GuardLock()
     /// The fork epoch the lock was last made good for; `repairing` while a
-    /// thread repairs it.
-    private let epoch: Atomic<UInt32>
+    /// thread repairs it (a futex word: the others sleep on it then).
+    private let epochWord: UnsafeMutablePointer<UInt32>
     private static let repairing = UInt32.max
 
     init() {
         ForkHandlers.install()
-        epoch = Atomic(cshims_fork_epoch())
+        epochWord = .allocate(capacity: 1)
+        epochWord.initialize(to: cshims_fork_epoch())
     }
+
+    deinit { epochWord.deallocate() }
 
     /// Runs `body` holding the lock, repairing it first in a process forked
     /// since it was last taken.
     @inline(__always)
     func withLock<Result, Failure: Error>(_ body: () throws(Failure) -> Result) throws(Failure) -> Result {
-        if epoch.load(ordering: .relaxed) != cshims_fork_epoch() { repairAfterFork() }
+        if AtomicMemory.load(from: epochWord, ordering: .relaxed) != cshims_fork_epoch() { repairAfterFork() }
         return try lock.withLock(body)
     }
 
@@ -49,15 +50,18 @@ final class ForkRepairedLock: @unchecked Sendable {
     private func repairAfterFork() {
         let current = cshims_fork_epoch()
         while true {
-            let seen = epoch.load(ordering: .acquiring)
+            let seen = AtomicMemory.load(from: epochWord, ordering: .acquiring)
             if seen == current { return }
             if seen == Self.repairing {
-                sched_yield()
+                _ = Futex(epochWord).wait(expecting: seen)
                 continue
             }
-            if epoch.compareExchange(expected: seen, desired: Self.repairing, ordering: .acquiring).exchanged { break }
+            if AtomicMemory.compareExchange(
+                expected: seen, desired: Self.repairing, at: epochWord, ordering: .acquiring
+            ).exchanged { break }
         }
         lock.reinitializeAfterFork()
-        epoch.store(current, ordering: .releasing)
+        AtomicMemory.store(current, to: epochWord, ordering: .releasing)
+        _ = Futex(epochWord).wakeAll()
     }
 }
