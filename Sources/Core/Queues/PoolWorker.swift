@@ -337,8 +337,8 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         let units = unitsStarted &- fairLookUnits
         if fairLookClock != 0 && units > 0 {
             let mean = Double(now &- fairLookClock) / Double(units)
-            // 1 - 0.9^units, to within 5% for a handful of units and exactly
-            // 1 from 30 on (0.9^30 ≈ 0.04).
+            // The weight of `units` samples of weight 0.1 each, 1 - 0.9^units;
+            // taken as 1 from 30 units on (0.9^30 is about 0.04).
             let weight = units >= 30 ? 1 : 1 - Self.decay(units)
             unitTime = unitTime == 0 ? mean : unitTime + weight * (mean - unitTime)
             let looks = Self.fairPeriodNanoseconds / max(unitTime, 1)
@@ -349,10 +349,16 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         fairLookUnits = unitsStarted
     }
 
-    /// 0.9 to the power `units` (below 30).
+    /// 0.9 to the power `units` (below 30). A `while`, not a `for` over a
+    /// range: no generic type a forked child would have to make (see
+    /// `scripts/check-fork-metadata`).
     private static func decay(_ units: UInt64) -> Double {
         var result = 1.0
-        for _ in 0..<units { result *= 0.9 }
+        var left = units
+        while left > 0 {
+            result *= 0.9
+            left -= 1
+        }
         return result
     }
 
