@@ -295,6 +295,7 @@ final class PoolPoller: @unchecked Sendable {
             [UInt64: Registration].self, (UInt64, Registration).self,
             [ReadyEvent].self, IndexingIterator<[ReadyEvent]>.self)
         ForkHandlers.makeMetadata(ofNoncopyable: Atomic<Bool>.self)
+        ForkHandlers.makeConformance(collection: [ReadyEvent].self)
     }
 
     /// In a child after `fork()`: the parent's epoll instance is shared with

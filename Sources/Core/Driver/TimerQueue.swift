@@ -193,6 +193,7 @@ final class TimerQueue: PoolPoller.Timers, @unchecked Sendable {
         ForkHandlers.makeMetadata(
             ByLatest?.self, MinHeap<ByLatest>.self, MinHeap<ByDue>.self,
             [Slot].self, IndexingIterator<[Slot]>.self)
+        ForkHandlers.makeConformance(collection: [Slot].self)
     }
 
     /// In a child after `fork()`: the parent's timer sources are not the

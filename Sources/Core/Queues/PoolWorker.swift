@@ -204,8 +204,9 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         }
     }
 
-    /// In the parent, before `fork()`: the generic types of the worker's
-    /// loop, the pool's and the monitor's (`ForkHandlers.makeMetadata`).
+    /// In the parent, before `fork()`: the generic types and conformances
+    /// of the worker's loop, the pool's and the monitor's
+    /// (`ForkHandlers.makeMetadata`, `makeConformance`).
     static func prepareForFork() {
         ForkHandlers.makeMetadata(
             PoolPoller?.self, PoolWorker?.self, WorkUnit?.self, UInt64?.self, UnsafeMutableRawPointer?.self,
@@ -213,6 +214,33 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
             (PoolWorker, UInt64).self, [(PoolWorker, UInt64)].self, IndexingIterator<[(PoolWorker, UInt64)]>.self,
             [UnsafeMutableRawPointer].self, IndexingIterator<[UnsafeMutableRawPointer]>.self,
             UnsafeMutablePointer<Int>.self, Unmanaged<WorkQueue>.self)
+        ForkHandlers.makeConformance(sequence: [PoolWorker].self)
+        ForkHandlers.makeConformance(collection: [PoolWorker].self)
+        ForkHandlers.makeConformance(bidirectional: [PoolWorker].self)
+        ForkHandlers.makeConformance(mutable: [PoolWorker].self)
+        ForkHandlers.makeConformance(rangeReplaceable: [PoolWorker].self)
+        ForkHandlers.makeConformance(sequence: [(PoolWorker, UInt64)].self)
+        ForkHandlers.makeConformance(collection: [(PoolWorker, UInt64)].self)
+        ForkHandlers.makeConformance(sequence: [UnsafeMutableRawPointer].self)
+        ForkHandlers.makeConformance(collection: [UnsafeMutableRawPointer].self)
+        ForkHandlers.makeConformance(binaryInteger: Int.self)
+        ForkHandlers.makeConformance(binaryInteger: Int64.self)
+        ForkHandlers.makeConformance(binaryInteger: UInt64.self)
+        ForkHandlers.makeConformance(atomicWord: Int.self)
+        ForkHandlers.makeConformance(atomicWord: Int32.self)
+        ForkHandlers.makeConformance(atomicWord: UInt32.self)
+        ForkHandlers.makeConformance(atomicWord: UInt64.self)
+        ForkHandlers.makeConformance(equatable: Progress.self)
+        ForkHandlers.makeConformance(hashable: Progress.self)
+        ForkHandlers.makeConformance(equatable: PollerOutcome.self)
+        ForkHandlers.makeConformance(hashable: PollerOutcome.self)
+        ForkHandlers.makeConformance(equatable: WorkerPool.Band.self)
+        ForkHandlers.makeConformance(hashable: WorkerPool.Band.self)
+        ForkHandlers.makeConformance(comparable: MonotonicClock.Instant.self)
+        ForkHandlers.makeConformance(equatable: Futex.WaitResult.self)
+        ForkHandlers.makeConformance(equatable: DescriptorWatchError.self)
+        ForkHandlers.makeConformance(error: DescriptorWatchError.self)
+        ForkHandlers.makeConformance(described: NativeThreadError.self)
     }
 
     // MARK: The worker's loop

@@ -139,6 +139,24 @@ enum ForkHandlers {
     @inline(never)
     static func makeMetadata<T: ~Copyable>(ofNoncopyable type: T.Type) {}
 
+    /// The same for protocol conformances: a debug build looks up a
+    /// conformance's witness table the first time code needs it (for a
+    /// generic type's, making it, under the runtime's locks) and caches it
+    /// per module. Passing a type here loads the same cache the code's own
+    /// use does. One function per protocol the pool's code needs.
+    @inline(never) static func makeConformance<T: Sequence>(sequence type: T.Type) {}
+    @inline(never) static func makeConformance<T: Collection>(collection type: T.Type) {}
+    @inline(never) static func makeConformance<T: BidirectionalCollection>(bidirectional type: T.Type) {}
+    @inline(never) static func makeConformance<T: MutableCollection>(mutable type: T.Type) {}
+    @inline(never) static func makeConformance<T: RangeReplaceableCollection>(rangeReplaceable type: T.Type) {}
+    @inline(never) static func makeConformance<T: BinaryInteger>(binaryInteger type: T.Type) {}
+    @inline(never) static func makeConformance<T: AtomicMemoryWord>(atomicWord type: T.Type) {}
+    @inline(never) static func makeConformance<T: Equatable>(equatable type: T.Type) {}
+    @inline(never) static func makeConformance<T: Hashable>(hashable type: T.Type) {}
+    @inline(never) static func makeConformance<T: Comparable>(comparable type: T.Type) {}
+    @inline(never) static func makeConformance<T: Error>(error type: T.Type) {}
+    @inline(never) static func makeConformance<T: CustomStringConvertible>(described type: T.Type) {}
+
     /// Installs the `pthread_atfork` pair without registering a handler:
     /// from then on every `fork()` advances the child's fork epoch, which is
     /// all a `ForkRepairedLock` needs. Any thread; idempotent.
