@@ -5,9 +5,9 @@ import CShims
 /// a blocking wait inside an item gives the worker's permit back to the pool.
 final class PoolWorker: BlockingObserver, @unchecked Sendable {
     // @unchecked: `ring` synchronizes itself (see `StealableRing`); the
-    // fair looks' counters, `isSearching` and `stealBuffer` are touched only by the worker's own
-    // thread; `slot` synchronizes itself (see `NextUnitSlot`); the park
-    // word is atomic.
+    // fair looks' counters, `isSearching` and `stealBuffer` are touched
+    // only by the worker's own thread; `slot` synchronizes itself (see
+    // `NextUnitSlot`); the park word is atomic.
 
     /// The worker's pool, unretained (the pools live for the whole
     /// process). The per-unit paths reach it through `withPool`, which costs

@@ -129,8 +129,8 @@ enum ForkHandlers {
     /// here; in the child a parent thread that held one of those locks at
     /// the fork would make it wait forever (seen: a child's new worker hung
     /// making `PoolPoller?` while a parent thread made another optional).
-    /// Each `X.self` below loads the same module-wide cache the code's own
-    /// use does.
+    /// Each type passed here is loaded through the same module-wide cache
+    /// as the code's own use of it.
     static func makeMetadata(_ types: Any.Type...) {
         for type in types { _ = ObjectIdentifier(type) }
     }

@@ -13,9 +13,9 @@ import CShims
 /// and the others sleep on that word (a futex wait, as a queue's repair
 /// does: no `sched_yield` on a lock path) until it holds the child's
 /// epoch. Nobody in the child can have taken the lock before (every hold
-/// starts in `withLock`), so freeing it steals it from no one. What it guards was written whole under the
-/// lock, by the parent, and is the parent's state: the owner must tell it
-/// apart (by pid, say). Creating one installs the fork handlers, so that
+/// starts in `withLock`), so freeing it steals it from no one. What it
+/// guards was written whole under the lock, by the parent, and is the
+/// parent's state: the owner must tell it apart (by pid, say). Creating one installs the fork handlers, so that
 /// epochs are counted in a process that made no thread record or loop yet.
 ///
 /// Costs one relaxed load and compare beyond the lock. For holds of a few
