@@ -315,6 +315,11 @@ package final class EventRegistry: @unchecked Sendable {
             return (failed, watching)
         }
         var timeout = failed ? 0 : timeoutNanoseconds(until: deadline)
+        // A poll with no watch in the kernel and nothing to submit: the
+        // kernel has nothing to report, so it is not asked (a loop's pass
+        // that only polls, as after running a perform, costs no system
+        // call). A wake stays pending for the next wait, as for any poll.
+        if timeout == 0 && !watching && !backend.hasUnsubmittedChanges { return false }
         var woken = false
         if timeout != 0 {
             let kernelWork = watching || backend.hasUnsubmittedChanges
