@@ -335,42 +335,7 @@ func socketpairBatch(_ size: Int) -> BatchDriver {
     var fds: [Int32] = [0, 0]
     precondition(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &fds) == 0, "socketpair failed: \(errno)")
     let (a, b) = (fds[0], fds[1])
-    let reader = Thread {
-        var buffer = [UInt8](repeating: 0, count: 1 << 20)
-        func readExactly(_ count: Int) {
-            var left = count
-            while left > 0 {
-                let n = buffer.withUnsafeMutableBytes { read(b, $0.baseAddress!, min($0.count, left)) }
-                precondition(n > 0, "socketpair reader: read failed")
-                left -= n
-            }
-        }
-        while true {
-            readExactly(8)
-            let total = buffer.withUnsafeBytes { $0.loadUnaligned(as: Int.self) }
-            readExactly(total)
-            var ack: UInt8 = 1
-            _ = write(b, &ack, 1)
-        }
-    }
-    reader.start()
-    return BatchDriver {
-        let chunk = [UInt8](repeating: 1, count: size)
-        return { n in
-            var total = n * size
-            _ = withUnsafeBytes(of: &total) { write(a, $0.baseAddress!, 8) }
-            for _ in 0..<n {
-                var sent = 0
-                while sent < size {
-                    let w = chunk.withUnsafeBytes { write(a, $0.baseAddress! + sent, size - sent) }
-                    precondition(w > 0, "socketpair writer: write failed")
-                    sent += w
-                }
-            }
-            var ack: UInt8 = 0
-            _ = read(a, &ack, 1)
-        }
-    }
+    return streamBatch(writer: a, reader: b, size, label: "socketpair")
 }
 
 // MARK: Values between threads of one process
@@ -463,13 +428,21 @@ func tcpLoopbackBatch(_ size: Int) -> BatchDriver {
     close(listener)
     var one: Int32 = 1
     for fd in [a, b] { _ = setsockopt(fd, Int32(IPPROTO_TCP), TCP_NODELAY, &one, socklen_t(MemoryLayout<Int32>.size)) }
+    return streamBatch(writer: a, reader: b, size, label: "TCP")
+}
+
+/// The batch protocol over a connected byte stream (`writer` to `reader`):
+/// the batch's byte count first, then n × size bytes from one buffer; a
+/// thread reads them into a 1 MiB buffer and answers one byte when it has
+/// read them all. `label` names the stream in failures.
+func streamBatch(writer a: Int32, reader b: Int32, _ size: Int, label: String) -> BatchDriver {
     let reader = Thread {
         var buffer = [UInt8](repeating: 0, count: 1 << 20)
         func readExactly(_ count: Int) {
             var left = count
             while left > 0 {
                 let n = buffer.withUnsafeMutableBytes { read(b, $0.baseAddress!, min($0.count, left)) }
-                precondition(n > 0, "TCP reader: read failed")
+                precondition(n > 0, "\(label) reader: read failed")
                 left -= n
             }
         }
@@ -491,7 +464,7 @@ func tcpLoopbackBatch(_ size: Int) -> BatchDriver {
                 var sent = 0
                 while sent < size {
                     let w = chunk.withUnsafeBytes { write(a, $0.baseAddress! + sent, size - sent) }
-                    precondition(w > 0, "TCP writer: write failed")
+                    precondition(w > 0, "\(label) writer: write failed")
                     sent += w
                 }
             }
