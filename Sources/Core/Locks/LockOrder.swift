@@ -69,6 +69,9 @@ public enum LockOrder {
         var depth: Int
         /// For `synchronized`: the object's type, for the report.
         var objectType: Any.Type?
+        /// For `synchronized`: the object, held weakly (it is alive while
+        /// held), for a node made for it.
+        weak var object: AnyObject?
     }
 
     /// One thread's holds and its cache of checked chains. Only its thread
@@ -111,19 +114,66 @@ public enum LockOrder {
     }
 
     struct Node: @unchecked Sendable {
-        // @unchecked: values only; `Any.Type` (a metatype) is immutable.
+        // @unchecked: values only; `Any.Type` (a metatype) is immutable;
+        // `object` is a weak reference, never used but compared with nil.
         var kind: StaticString
         var objectType: Any.Type?
+        /// A `synchronized` object's node holds it weakly: Spindle does not
+        /// see the object go away, and a later object may get its address.
+        weak var object: AnyObject?
         var out: [UInt: Edge] = [:]
         var incoming: Set<UInt> = []
+
+        init(kind: StaticString, objectType: Any.Type?, object: AnyObject?) {
+            self.kind = kind
+            self.objectType = objectType
+            self.object = object
+        }
+
+        /// A `synchronized` object's node whose object has gone away: its
+        /// history is no longer any object's.
+        var isDeadObject: Bool { objectType != nil && object == nil }
     }
 
     struct Graph: @unchecked Sendable {
         // @unchecked: `Any.Type` values (metatypes) are immutable.
         var nodes: [UInt: Node] = [:]
+        /// The node count at which the next check drops every dead object's
+        /// node (doubling, as a hash table grows): a program that locks
+        /// objects by the million keeps the graph to about twice the objects
+        /// alive.
+        var sweepAt = 1_024
+
+        /// Drops `id`'s node and its edges; whether there was one.
+        mutating func remove(_ id: UInt) -> Bool {
+            guard let node = nodes.removeValue(forKey: id) else { return false }
+            for from in node.incoming { nodes[from]?.out.removeValue(forKey: id) }
+            for to in node.out.keys { nodes[to]?.incoming.remove(id) }
+            return true
+        }
+
+        /// Drops `id`'s node if it belonged to an object that has gone away
+        /// (so that an object at its address starts with no history);
+        /// whether it did.
+        mutating func removeIfDead(_ id: UInt) -> Bool {
+            guard nodes[id]?.isDeadObject == true else { return false }
+            return remove(id)
+        }
+
+        /// Past `sweepAt` nodes, drops every dead object's node; whether it
+        /// dropped any.
+        mutating func sweepIfLarge() -> Bool {
+            guard nodes.count >= sweepAt else { return false }
+            let dead = nodes.compactMap { $0.value.isDeadObject ? $0.key : nil }
+            for id in dead { _ = remove(id) }
+            sweepAt = max(1_024, 2 * nodes.count)
+            return !dead.isEmpty
+        }
     }
 
     static let graph = Mutex(Graph())
+    /// Locks (and `synchronized` objects) in the graph, for tests.
+    package static var nodeCount: Int { graph.withLock { $0.nodes.count } }
     /// Bumped when a node goes away: every thread's chain cache is stale.
     static let generation = Atomic<Int>(0)
 
@@ -156,8 +206,8 @@ public enum LockOrder {
         }
         if deepened(id, kind, in: &record.held) { return }
         let mine = taskHeld()
-        check(id, kind, objectType, held: mine.isEmpty ? record.held : record.held + mine, record: record)
-        record.held.append(Held(id: id, kind: kind, depth: 1, objectType: objectType))
+        check(id, kind, objectType, object, held: mine.isEmpty ? record.held : record.held + mine, record: record)
+        record.held.append(Held(id: id, kind: kind, depth: 1, objectType: objectType, object: object))
     }
 
     /// A blocking acquisition for `synchronized(object)`.
@@ -210,13 +260,7 @@ public enum LockOrder {
     @usableFromInline
     @inline(never)
     static func forget(_ id: UInt) {
-        let removed = graph.withLock { graph -> Bool in
-            guard let node = graph.nodes.removeValue(forKey: id) else { return false }
-            for from in node.incoming { graph.nodes[from]?.out.removeValue(forKey: id) }
-            for to in node.out.keys { graph.nodes[to]?.incoming.remove(id) }
-            return true
-        }
-        if removed { generation.add(1, ordering: .relaxed) }
+        if graph.withLock({ $0.remove(id) }) { generation.add(1, ordering: .relaxed) }
     }
 
     /// Whether the lock is already held by this thread: then a recursive
@@ -240,9 +284,16 @@ public enum LockOrder {
 
     // MARK: The check
 
-    /// Checks the acquisition of `id` while `held` are held, adding the new
-    /// edges; stops with a report if one closes a cycle.
-    static func check(_ id: UInt, _ kind: LockHooks.Kind, _ objectType: Any.Type?, held: [Held], record: Record) {
+    /// Checks the acquisition of `id` (for `synchronized`, of `object`)
+    /// while `held` are held, adding the new edges; stops with a report if
+    /// one closes a cycle. Nodes of `synchronized` objects that have gone
+    /// away are dropped on the way: the new acquisition's and the holds'
+    /// (an object alive now at a dead one's address) before they are used,
+    /// any other's when the search meets it, and all of them when the
+    /// graph has doubled.
+    static func check(
+        _ id: UInt, _ kind: LockHooks.Kind, _ objectType: Any.Type?, _ object: AnyObject?, held: [Held], record: Record
+    ) {
         if held.isEmpty { return }
         let current = generation.load(ordering: .relaxed)
         if record.generation != current || record.checkedChains.count > 4096 {
@@ -255,9 +306,13 @@ public enum LockOrder {
         var site: Backtrace?
         var cycle: [(from: UInt, to: UInt, site: Backtrace?)]?
         var cycleClosing: Held?
+        var dropped = false
         graph.withLock { graph in
-            if graph.nodes[id] == nil { graph.nodes[id] = Node(kind: kind.name, objectType: objectType) }
+            if graph.sweepIfLarge() { dropped = true }
+            if graph.removeIfDead(id) { dropped = true }
+            if graph.nodes[id] == nil { graph.nodes[id] = Node(kind: kind.name, objectType: objectType, object: object) }
             for hold in held where hold.id != id {
+                if graph.removeIfDead(hold.id) { dropped = true }
                 let bit = modeBit(fromShared: hold.kind.neverWaitsForReaders, toShared: kind.neverWaitsForReaders)
                 if let edge = graph.nodes[hold.id]?.out[id], edge.modes & bit != 0 { continue }
                 if let path = findPath(
@@ -270,7 +325,7 @@ public enum LockOrder {
                 }
                 if site == nil { site = Backtrace.captureSites() }
                 if graph.nodes[hold.id] == nil {
-                    graph.nodes[hold.id] = Node(kind: hold.kind.name, objectType: hold.objectType)
+                    graph.nodes[hold.id] = Node(kind: hold.kind.name, objectType: hold.objectType, object: hold.object)
                 }
                 graph.nodes[hold.id]!.out[id, default: Edge(modes: 0, site: site)].modes |= bit
                 graph.nodes[id]!.incoming.insert(hold.id)
@@ -278,6 +333,12 @@ public enum LockOrder {
         }
         if let cycle, let closing = cycleClosing {
             report(acquiring: id, kind, objectType, holding: closing, cycle: cycle)
+        }
+        if dropped {
+            // Every thread's cached chains may name a dropped object's address.
+            generation.add(1, ordering: .relaxed)
+            record.checkedChains.removeAll(keepingCapacity: true)
+            record.generation = generation.load(ordering: .relaxed)
         }
         record.checkedChains.insert(key)
     }
@@ -322,7 +383,9 @@ public enum LockOrder {
                 }
                 return edges.reversed()
             }
-            guard let node = graph.nodes[state.node] else { continue }
+            // A dead object's node leads nowhere: its object can wait for
+            // nothing any more.
+            guard let node = graph.nodes[state.node], !node.isDeadObject else { continue }
             for (next, edge) in node.out {
                 for fromShared in [false, true] {
                     for toShared in [false, true] where edge.modes & modeBit(fromShared: fromShared, toShared: toShared) != 0 {
@@ -359,7 +422,7 @@ public enum LockOrder {
         }
         // Recorded once acquired (`didTryAcquire`): a task in line holds
         // nothing yet, and another task may hold the lock meanwhile.
-        check(id, kind, nil, held: record.held + mine, record: record)
+        check(id, kind, nil, nil, held: record.held + mine, record: record)
     }
 
     static func recordAsync(_ hold: Held) {
