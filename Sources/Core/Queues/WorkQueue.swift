@@ -1,4 +1,5 @@
 import CShims
+import Synchronization
 
 /// A queue of work items, the Concurrency Programming Guide's dispatch
 /// queue, on Spindle's worker pool.
@@ -686,6 +687,39 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
         running = 0
         barrierActive = false
         if claimDrainerLocked() { MainQueueDrain.signal() }
+    }
+
+    /// In the parent, before a fork: makes the generic types and looks up
+    /// the conformances that a child's workers use when they drain a queue,
+    /// repair it, run a work item or a group's wait and notify (this file,
+    /// `WorkQueue+Sync`, `WorkRing`, `QueueFrame`, `CompletionWord`,
+    /// `WorkGroup`, `WorkItem`), which a parent that never took those paths
+    /// has not made yet (see `ForkHandlers.makeMetadata`;
+    /// `scripts/check-fork-metadata` keeps the list whole).
+    static func prepareForFork() {
+        typealias Notification = (WorkQueue, @Sendable () -> Void)
+        ForkHandlers.makeMetadata(
+            WorkUnit?.self, WorkQueue?.self, WorkQueue.Priority?.self, (any Sendable).self, (any Sendable)?.self,
+            [ObjectIdentifier: any Sendable].self, (ObjectIdentifier, any Sendable).self,
+            [WorkUnit].self, IndexingIterator<[WorkUnit]>.self, [WorkQueue.Priority].self,
+            [WorkQueue].self, IndexingIterator<[WorkQueue]>.self, [String].self,
+            Notification.self, Notification?.self, [Notification].self, IndexingIterator<[Notification]>.self)
+        ForkHandlers.makeMetadata(ofNoncopyable: Atomic<UInt>.self)
+        ForkHandlers.makeConformance(equatable: WorkQueue.self)
+        ForkHandlers.makeConformance(hashable: WorkQueue.self)
+        ForkHandlers.makeConformance(equatable: Kind.self)
+        ForkHandlers.makeConformance(hashable: Kind.self)
+        ForkHandlers.makeConformance(equatable: Priority.self)
+        ForkHandlers.makeConformance(rawRepresentable: Priority.self)
+        ForkHandlers.makeConformance(described: Priority.self)
+        ForkHandlers.makeConformance(equatable: QueueFrame.Holding.self)
+        ForkHandlers.makeConformance(rawRepresentable: QueueFrame.Holding.self)
+        ForkHandlers.makeConformance(collection: [WorkUnit].self)
+        ForkHandlers.makeConformance(collection: [Priority].self)
+        ForkHandlers.makeConformance(collection: [WorkQueue].self)
+        ForkHandlers.makeConformance(collection: [Notification].self)
+        ForkHandlers.makeConformance(collection: [String].self)
+        ForkHandlers.makeConformance(bidirectional: [String].self)
     }
 
     /// `forkEpochWord` while a thread repairs the queue.

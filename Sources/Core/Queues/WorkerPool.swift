@@ -459,6 +459,8 @@ final class WorkerPool: PoolPoller.Workers, @unchecked Sendable {
         PoolWorker.prepareForFork()
         PoolPoller.prepareForFork()
         TimerQueue.prepareForFork()
+        // What they run when they drain queues.
+        WorkQueue.prepareForFork()
     }
 
     /// In a child after `fork()`: the workers are gone (only the forking

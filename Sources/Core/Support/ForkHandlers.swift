@@ -156,6 +156,7 @@ enum ForkHandlers {
     @inline(never) static func makeConformance<T: Comparable>(comparable type: T.Type) {}
     @inline(never) static func makeConformance<T: Error>(error type: T.Type) {}
     @inline(never) static func makeConformance<T: CustomStringConvertible>(described type: T.Type) {}
+    @inline(never) static func makeConformance<T: RawRepresentable>(rawRepresentable type: T.Type) {}
 
     /// Installs the `pthread_atfork` pair without registering a handler:
     /// from then on every `fork()` advances the child's fork epoch, which is
