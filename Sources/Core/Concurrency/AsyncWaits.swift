@@ -99,6 +99,47 @@ private final class OneResumption: @unchecked Sendable {
         lock.unlock()
         continuation?.resume(returning: result)
     }
+
+    /// The outcome, read under the lock by the task once resumed. Besides
+    /// the value, the lock carries the hand-over to ThreadSanitizer: what
+    /// the finishing thread wrote before `finish` then happens before the
+    /// task goes on, even when the continuation was resumed before the task
+    /// suspended, a hand-over the Swift runtime makes through an atomic
+    /// ThreadSanitizer does not see (see `handedOver`).
+    var settled: WaitOutcome {
+        lock.lock()
+        defer { lock.unlock() }
+        guard let outcome else { misuse("OneResumption: the task went on before an outcome was set") }
+        return outcome
+    }
+}
+
+/// Runs `start`, which arranges for another thread to compute a result and
+/// pass it to the function it is given, and suspends the calling task
+/// until it has; returns the result's value or throws its error.
+///
+/// The result goes through a lock, not through the continuation: the Swift
+/// runtime tells ThreadSanitizer that a resume happens before the task runs
+/// again only when the task had suspended first. Resumed before it
+/// suspended (a pool worker that runs the body at once), the task goes on
+/// through an atomic of the runtime's that ThreadSanitizer does not see,
+/// and it reports what the resuming thread wrote (an object the body made)
+/// as a race with the task's reads. A lock costs a few nanoseconds beside
+/// the hop.
+private func handedOver<T: Sendable>(
+    _ start: (@escaping @Sendable (Result<T, any Error>) -> Void) -> Void
+) async throws -> T {
+    let box = LockedValue<Result<T, any Error>?>(nil)
+    await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+        start { result in
+            box.withLock { $0 = result }
+            continuation.resume()
+        }
+    }
+    guard let result = box.withLock({ $0.take() }) else {
+        misuse("handedOver: the task was resumed without a result")
+    }
+    return try result.get()
 }
 
 /// Suspends until `register`'s notification runs (`.completed`),
@@ -108,7 +149,7 @@ private func suspendUntilNotified(
     until deadline: MonotonicClock.Instant, _ register: (@escaping @Sendable () -> Void) -> Void
 ) async throws(CancellationError) -> WaitResult {
     let once = OneResumption()
-    let outcome = await withTaskCancellationHandler {
+    _ = await withTaskCancellationHandler {
         await withCheckedContinuation { (continuation: CheckedContinuation<WaitOutcome, Never>) in
             once.install(continuation)
             register { once.finish(.completed) }
@@ -119,7 +160,7 @@ private func suspendUntilNotified(
     } onCancel: {
         once.finish(.cancelled)
     }
-    switch outcome {
+    switch once.settled {
     case .completed: return .completed
     case .timedOut: return .timedOut
     case .cancelled: throw CancellationError()
@@ -135,7 +176,7 @@ extension Job {
         if isFinished { return }
         let once = OneResumption()
         let observer = LockedValue<Int?>(nil)
-        let outcome = await withTaskCancellationHandler {
+        _ = await withTaskCancellationHandler {
             await withCheckedContinuation { (continuation: CheckedContinuation<WaitOutcome, Never>) in
                 once.install(continuation)
                 let id = observe { event in
@@ -149,7 +190,7 @@ extension Job {
             once.finish(.cancelled)
         }
         if let id = observer.withLock({ $0 }) { removeObserver(id) }
-        if case .cancelled = outcome { throw CancellationError() }
+        if case .cancelled = once.settled { throw CancellationError() }
     }
 }
 
@@ -166,7 +207,7 @@ extension SpawnedThread {
     public func join() async throws -> Value {
         let once = OneResumption()
         let result = LockedValue<Result<Value, any Error>?>(nil)
-        let outcome = await withTaskCancellationHandler {
+        _ = await withTaskCancellationHandler {
             await withCheckedContinuation { (continuation: CheckedContinuation<WaitOutcome, Never>) in
                 once.install(continuation)
                 WorkQueue.global().async {
@@ -178,7 +219,7 @@ extension SpawnedThread {
         } onCancel: {
             once.finish(.cancelled)
         }
-        if case .cancelled = outcome { throw CancellationError() }
+        if case .cancelled = once.settled { throw CancellationError() }
         return try result.withLock { $0 }!.get()
     }
 }
@@ -191,8 +232,8 @@ extension ThreadLoop {
     public func performReturning<T: Sendable>(
         inModes modes: [LoopMode] = [.common], _ body: @escaping @Sendable () throws -> T
     ) async throws -> T {
-        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
-            let accepted = perform(inModes: modes) { continuation.resume(with: Result { try body() }) }
+        try await handedOver { deliver in
+            let accepted = perform(inModes: modes) { deliver(Result { try body() }) }
             if !accepted {
                 misuse("ThreadLoop.performReturning(_:): \(self)'s thread has exited; the block could never run")
             }
@@ -209,8 +250,8 @@ extension WorkQueue {
     /// `body` is on the queue already. A `body` that blocks (a port's send,
     /// a lookup) blocks a pool worker, not the caller's cooperative thread.
     public func performReturning<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
-        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
-            async { continuation.resume(with: Result { try body() }) }
+        try await handedOver { deliver in
+            async { deliver(Result { try body() }) }
         }
     }
 }

@@ -315,6 +315,11 @@ public struct Semaphore: @unchecked Sendable {
         // Counted as a waiter: a signal will add a token for us, unless we
         // withdraw first.
         if await !waitSuspended() { throw CancellationError() }
+        // Acquiring: pairs with the releasing increment of the `signal`
+        // that handed the token over. The resume carries that edge too, but
+        // not to ThreadSanitizer when it came before the task suspended (an
+        // atomic of the Swift runtime's it does not see).
+        _ = AtomicMemory.load(from: count, ordering: .acquiring)
     }
 
     /// The task is counted among the waiters: suspends until a token is
