@@ -125,21 +125,40 @@ private final class OneResumption: @unchecked Sendable {
 /// through an atomic of the runtime's that ThreadSanitizer does not see,
 /// and it reports what the resuming thread wrote (an object the body made)
 /// as a race with the task's reads. A lock costs a few nanoseconds beside
-/// the hop.
+/// the hop. It is an internal guard, which the lock-order checker does not
+/// track: a task holding a lock of its own meets a new box at each call.
 private func handedOver<T: Sendable>(
     _ start: (@escaping @Sendable (Result<T, any Error>) -> Void) -> Void
 ) async throws -> T {
-    let box = LockedValue<Result<T, any Error>?>(nil)
+    let box = HandOverBox<T>()
     await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
         start { result in
-            box.withLock { $0 = result }
+            box.put(result)
             continuation.resume()
         }
     }
-    guard let result = box.withLock({ $0.take() }) else {
-        misuse("handedOver: the task was resumed without a result")
+    return try box.take().get()
+}
+
+/// The result `handedOver` passes, under a guard.
+private final class HandOverBox<T: Sendable>: @unchecked Sendable {
+    // @unchecked: `result` is guarded by `lock`.
+    private let lock = GuardLock()
+    private var result: Result<T, any Error>?
+
+    func put(_ result: Result<T, any Error>) {
+        lock.lock()
+        self.result = result
+        lock.unlock()
     }
-    return try result.get()
+
+    func take() -> Result<T, any Error> {
+        lock.lock()
+        let result = self.result.take()
+        lock.unlock()
+        guard let result else { misuse("handedOver: the task was resumed without a result") }
+        return result
+    }
 }
 
 /// Suspends until `register`'s notification runs (`.completed`),
