@@ -154,7 +154,7 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     /// The fork epoch (`cshims_fork_epoch`) of the process the queue's
     /// counts and lock belong to: set at creation, and in a child after
     /// `fork()` by the first thread that takes the queue's lock there
-    /// (`repairAfterFork`), which recounts them first. `forkRepairing`
+    /// (`repairAfterFork`), which recounts them first. `ForkEpochRepair.repairing`
     /// while it does. Atomic; compared before every hold of `lock`.
     var forkEpochWord: UnsafeMutablePointer<UInt32> { suspendedFlag + 1 }
     /// What the forking thread held of this queue at the fork (see
@@ -486,7 +486,7 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     /// the queue was repaired, which schedules drains of its own.
     func drain(scheduledIn epoch: UInt32) {
         guard epoch == cshims_fork_epoch() else {
-            if AtomicMemory.load(from: forkEpochWord, ordering: .relaxed) != cshims_fork_epoch() { repairAfterFork() }
+            if !ForkEpochRepair.isCurrent(forkEpochWord) { repairAfterFork() }
             return
         }
         QueueFrame.with(self, holding: .drain) { drainLoop(budget: Self.drainBudget) }
@@ -722,15 +722,12 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
         ForkHandlers.makeConformance(bidirectional: [String].self)
     }
 
-    /// `forkEpochWord` while a thread repairs the queue.
-    static let forkRepairing = UInt32.max
-
     /// Takes `lock`, first repairing the queue if its state is the parent's
     /// (a child after `fork()`). Every hold of a queue's lock starts here:
     /// one relaxed load and compare beyond the lock itself.
     @inline(__always)
     func lockQueue() {
-        if AtomicMemory.load(from: forkEpochWord, ordering: .relaxed) != cshims_fork_epoch() { repairAfterFork() }
+        if !ForkEpochRepair.isCurrent(forkEpochWord) { repairAfterFork() }
         lock.lock()
     }
 
@@ -743,26 +740,14 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
     /// drains are recounted from the forking thread's alone, and new ones
     /// are scheduled for the items that can start now.
     ///
-    /// One thread repairs: the first to swap `forkEpochWord` to
-    /// `forkRepairing`; others sleep on the word until it holds the child's
-    /// epoch (a releasing store, after the repair, paired with their
-    /// acquiring load). Nobody in the child can have taken the lock before
-    /// (every hold starts in `lockQueue`), so replacing it steals it from no
-    /// one.
+    /// One thread repairs, the others sleep until it has
+    /// (`ForkEpochRepair`). Nobody in the child can have taken the lock
+    /// before (every hold starts in `lockQueue`), so replacing it steals it
+    /// from no one.
     @inline(never)
     func repairAfterFork() {
+        guard ForkEpochRepair.claim(forkEpochWord) else { return }
         let epoch = cshims_fork_epoch()
-        while true {
-            let seen = AtomicMemory.load(from: forkEpochWord, ordering: .acquiring)
-            if seen == epoch { return }
-            if seen == Self.forkRepairing {
-                _ = Futex(forkEpochWord).wait(expecting: seen)
-                continue
-            }
-            if AtomicMemory.compareExchange(expected: seen, desired: Self.forkRepairing, at: forkEpochWord, ordering: .acquiring).exchanged {
-                break
-            }
-        }
         lock.reinitializeAfterFork()
         lock.lock()
         let held = forkHeldEpoch == epoch
@@ -779,9 +764,8 @@ public final class WorkQueue: @unchecked Sendable, Hashable, CustomStringConvert
         var extra = 0
         while claimDrainerLocked() { extra += 1 }
         let target = targetQueue
-        AtomicMemory.store(epoch, to: forkEpochWord, ordering: .releasing)
         lock.unlock()
-        _ = Futex(forkEpochWord).wakeAll()
+        ForkEpochRepair.finish(forkEpochWord)
         for _ in 0..<extra { scheduleDrain(on: target) }
     }
 

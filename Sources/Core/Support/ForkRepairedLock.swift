@@ -1,5 +1,51 @@
 import CShims
 
+/// The epoch word of state that a child process repairs on its first use
+/// after `fork()`: the fork epoch (`cshims_fork_epoch`) the state was last
+/// made good for, or `repairing` while a thread repairs it. Shared by
+/// `ForkRepairedLock` and a `WorkQueue`'s repair.
+///
+/// One thread repairs, the first to swap the word from an old epoch to
+/// `repairing` (`claim`); the others sleep on the word (a futex wait: no
+/// `sched_yield` on a lock path) until the repairer stores the child's
+/// epoch (`finish`, a releasing store paired with their acquiring load).
+enum ForkEpochRepair {
+    static let repairing = UInt32.max
+
+    /// Whether `word` holds the current fork epoch: one relaxed load and
+    /// compare, for the fast path.
+    @inline(__always)
+    static func isCurrent(_ word: UnsafeMutablePointer<UInt32>) -> Bool {
+        AtomicMemory.load(from: word, ordering: .relaxed) == cshims_fork_epoch()
+    }
+
+    /// True when the caller is to repair (it swapped the word to
+    /// `repairing`, and must call `finish`); false once the word holds the
+    /// current epoch (another thread repaired meanwhile). Blocks while
+    /// another thread repairs.
+    static func claim(_ word: UnsafeMutablePointer<UInt32>) -> Bool {
+        let current = cshims_fork_epoch()
+        while true {
+            let seen = AtomicMemory.load(from: word, ordering: .acquiring)
+            if seen == current { return false }
+            if seen == repairing {
+                _ = Futex(word).wait(expecting: seen)
+                continue
+            }
+            if AtomicMemory.compareExchange(expected: seen, desired: repairing, at: word, ordering: .acquiring).exchanged {
+                return true
+            }
+        }
+    }
+
+    /// After the repair `claim` handed the caller: stores the current epoch
+    /// (releasing what the repair wrote) and wakes the threads waiting.
+    static func finish(_ word: UnsafeMutablePointer<UInt32>) {
+        AtomicMemory.store(cshims_fork_epoch(), to: word, ordering: .releasing)
+        _ = Futex(word).wakeAll()
+    }
+}
+
 /// A short lock that a child process after `fork()` never waits for on a
 /// parent thread's account: for state a process may touch after it forked
 /// with other threads running (a port's state, which the child reads to
@@ -8,15 +54,14 @@ import CShims
 /// A thread of the parent may have held the lock at the fork, and nobody
 /// releases it in the child, where that thread does not exist. So the first
 /// hold in a new fork epoch (`cshims_fork_epoch`, which `ForkHandlers`'
-/// child handler advances) makes the lock free again instead of waiting:
-/// one thread repairs, the first to swap the epoch word to `repairing`,
-/// and the others sleep on that word (a futex wait, as a queue's repair
-/// does: no `sched_yield` on a lock path) until it holds the child's
-/// epoch. Nobody in the child can have taken the lock before (every hold
-/// starts in `withLock`), so freeing it steals it from no one. What it
-/// guards was written whole under the lock, by the parent, and is the
-/// parent's state: the owner must tell it apart (by pid, say). Creating one installs the fork handlers, so that
-/// epochs are counted in a process that made no thread record or loop yet.
+/// child handler advances) makes the lock free again instead of waiting,
+/// one thread repairing while the others sleep (`ForkEpochRepair`). Nobody
+/// in the child can have taken the lock before (every hold starts in
+/// `withLock`), so freeing it steals it from no one. What it guards was
+/// written whole under the lock, by the parent, and is the parent's state:
+/// the owner must tell it apart (by pid, say). Creating one installs the
+/// fork handlers, so that epochs are counted in a process that made no
+/// thread record or loop yet.
 ///
 /// Costs one relaxed load and compare beyond the lock. For holds of a few
 /// instructions, never across a wait (a `GuardLock`: no fairness policy).
@@ -25,10 +70,8 @@ final class ForkRepairedLock: @unchecked Sendable {
     // atomically.
 
     private let lock = GuardLock()
-    /// The fork epoch the lock was last made good for; `repairing` while a
-    /// thread repairs it (a futex word: the others sleep on it then).
+    /// The fork epoch the lock was last made good for (`ForkEpochRepair`).
     private let epochWord: UnsafeMutablePointer<UInt32>
-    private static let repairing = UInt32.max
 
     init() {
         ForkHandlers.install()
@@ -42,26 +85,14 @@ final class ForkRepairedLock: @unchecked Sendable {
     /// since it was last taken.
     @inline(__always)
     func withLock<Result, Failure: Error>(_ body: () throws(Failure) -> Result) throws(Failure) -> Result {
-        if AtomicMemory.load(from: epochWord, ordering: .relaxed) != cshims_fork_epoch() { repairAfterFork() }
+        if !ForkEpochRepair.isCurrent(epochWord) { repairAfterFork() }
         return try lock.withLock(body)
     }
 
     @inline(never)
     private func repairAfterFork() {
-        let current = cshims_fork_epoch()
-        while true {
-            let seen = AtomicMemory.load(from: epochWord, ordering: .acquiring)
-            if seen == current { return }
-            if seen == Self.repairing {
-                _ = Futex(epochWord).wait(expecting: seen)
-                continue
-            }
-            if AtomicMemory.compareExchange(
-                expected: seen, desired: Self.repairing, at: epochWord, ordering: .acquiring
-            ).exchanged { break }
-        }
+        guard ForkEpochRepair.claim(epochWord) else { return }
         lock.reinitializeAfterFork()
-        AtomicMemory.store(current, to: epochWord, ordering: .releasing)
-        _ = Futex(epochWord).wakeAll()
+        ForkEpochRepair.finish(epochWord)
     }
 }
