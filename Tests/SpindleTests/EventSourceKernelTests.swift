@@ -291,13 +291,16 @@ struct EventSourceKernelTests {
         source.setCancelHandler { s in close(s.handle); finished.signal() }
         source.activate()
 
+        /// The next call, in order (one per `called` signal), is `expected`.
+        var taken = 0
         func expectNext(_ expected: EventSource.FileEvents, _ what: String, sourceLocation: SourceLocation = #_sourceLocation) {
             guard called.wait(timeout: .seconds(10)) == .completed else {
                 Issue.record("no event for \(what)", sourceLocation: sourceLocation)
                 return
             }
-            let last = seen.withLock { $0.last }
-            #expect(last == expected, "\(what): \(String(describing: last?.rawValue)), expected \(expected.rawValue)", sourceLocation: sourceLocation)
+            let call = seen.withLock { $0[taken] }
+            taken += 1
+            #expect(call == expected, "\(what): \(call.rawValue), expected \(expected.rawValue)", sourceLocation: sourceLocation)
         }
         #expect(pwrite(fd, [9, 9, 9], 3, 10) == 3)
         expectNext(.write, "overwrite")
@@ -346,6 +349,12 @@ struct EventSourceKernelTests {
 
         /// The next call's events are `expected`; or, with `orFirst`, a
         /// call of `orFirst` (left from the step before) then `expected`.
+        /// Calls are taken in order, one per `called` signal: the next call
+        /// may already have run by the time this one is looked at, so the
+        /// latest call is not necessarily this one (a CI-like run read the
+        /// rename's second call and the mkdir's as one, and every later step
+        /// one call behind).
+        var taken = 0
         func expectNext(
             _ expected: EventSource.FileEvents, _ what: String, orFirst earlier: EventSource.FileEvents? = nil,
             sourceLocation: SourceLocation = #_sourceLocation
@@ -354,12 +363,13 @@ struct EventSourceKernelTests {
                 Issue.record("no event for \(what)", sourceLocation: sourceLocation)
                 return
             }
-            let last = seen.withLock { $0.last }
-            if let earlier, last == earlier, last != expected {
+            let call = seen.withLock { $0[taken] }
+            taken += 1
+            if let earlier, call == earlier, call != expected {
                 expectNext(expected, what, sourceLocation: sourceLocation)
                 return
             }
-            #expect(last == expected, "\(what): \(String(describing: last)), expected \(expected)", sourceLocation: sourceLocation)
+            #expect(call == expected, "\(what): \(call), expected \(expected); calls so far: \(seen.withLock { $0 })", sourceLocation: sourceLocation)
         }
         #expect(writeFile(file, [1, 2, 3]))
         expectNext(.write, "a file created")
