@@ -351,9 +351,10 @@ struct EventSourceKernelTests {
         /// call of `orFirst` (left from the step before) then `expected`.
         /// Calls are taken in order, one per `called` signal: the next call
         /// may already have run by the time this one is looked at, so the
-        /// latest call is not necessarily this one (a CI-like run read the
-        /// rename's second call and the mkdir's as one, and every later step
-        /// one call behind).
+        /// latest call is not necessarily this one (in a TSan pass, the
+        /// rename's second call and the mkdir's had both run when the mkdir
+        /// step looked; reading the latest, every later step read the call
+        /// before its own).
         var taken = 0
         func expectNext(
             _ expected: EventSource.FileEvents, _ what: String, orFirst earlier: EventSource.FileEvents? = nil,
