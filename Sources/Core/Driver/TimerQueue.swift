@@ -188,12 +188,24 @@ final class TimerQueue: PoolPoller.Timers, @unchecked Sendable {
     }
 
     /// In the parent, before `fork()`: the generic types of the heap's code
-    /// (`ForkHandlers.makeMetadata`).
+    /// (`ForkHandlers.makeMetadata`). Both heaps' element types, their
+    /// optionals, arrays and iterators: `childAfterFork` runs `MinHeap`'s
+    /// generic code for each heap, which a debug build instantiates at run
+    /// time, per element type (a forked child hung in `byDue.keepOnly`
+    /// making `ByDue?` under the runtime's lock for optionals, which a
+    /// parent thread held at the fork; found by a hang in a TSan pass,
+    /// 2026-11-28).
     static func prepareForFork() {
         ForkHandlers.makeMetadata(
-            ByLatest?.self, MinHeap<ByLatest>.self, MinHeap<ByDue>.self,
+            ByLatest?.self, ByDue?.self, MinHeap<ByLatest>.self, MinHeap<ByDue>.self,
+            [ByLatest].self, [ByDue].self,
+            IndexingIterator<[ByLatest]>.self, IndexingIterator<[ByDue]>.self,
             [Slot].self, IndexingIterator<[Slot]>.self)
         ForkHandlers.makeConformance(collection: [Slot].self)
+        ForkHandlers.makeConformance(rangeReplaceable: [ByLatest].self)
+        ForkHandlers.makeConformance(rangeReplaceable: [ByDue].self)
+        ForkHandlers.makeConformance(mutable: [ByLatest].self)
+        ForkHandlers.makeConformance(mutable: [ByDue].self)
     }
 
     /// In a child after `fork()`: the parent's timer sources are not the
