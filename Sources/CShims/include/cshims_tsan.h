@@ -56,6 +56,8 @@ void __tsan_mutex_pre_signal(void *addr, unsigned flags);
 void __tsan_mutex_post_signal(void *addr, unsigned flags);
 void __tsan_mutex_pre_divert(void *addr, unsigned flags);
 void __tsan_mutex_post_divert(void *addr, unsigned flags);
+void __tsan_ignore_thread_begin(void);
+void __tsan_ignore_thread_end(void);
 #define CSHIMS_TSAN_CALL(call) call
 #else
 #define CSHIMS_TSAN_CALL(call) ((void)0)
@@ -118,6 +120,18 @@ CSHIMS_INLINE void cshims_tsan_mutex_pre_divert(void *addr, unsigned flags) {
 CSHIMS_INLINE void cshims_tsan_mutex_post_divert(void *addr, unsigned flags) {
     CSHIMS_TSAN_CALL(__tsan_mutex_post_divert(addr, flags));
     (void)addr; (void)flags;
+}
+
+// Between these two, TSan records none of the calling thread's memory
+// accesses; its synchronization (locks, atomics, the runtime's own
+// release and acquire annotations) still counts. For a call whose accesses
+// are another component's business and whose ordering TSan cannot see
+// (see `resumeOutsideTSan` in Sources/Core/Concurrency/AsyncWaits.swift).
+CSHIMS_INLINE void cshims_tsan_ignore_accesses_begin(void) {
+    CSHIMS_TSAN_CALL(__tsan_ignore_thread_begin());
+}
+CSHIMS_INLINE void cshims_tsan_ignore_accesses_end(void) {
+    CSHIMS_TSAN_CALL(__tsan_ignore_thread_end());
 }
 
 // MARK: The lock-order checker's switch

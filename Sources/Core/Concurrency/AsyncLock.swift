@@ -395,7 +395,7 @@ public final class AsyncLock: @unchecked Sendable {
         if arm { deadlineTimers.append(earliest) }
         guardMutex.unlock()
         if arm { scheduleDeadlineTimer(at: earliest) }
-        for continuation in expired { continuation.resume(returning: .timedOut) }
+        for continuation in expired { continuation.resumeOutsideTSan(returning: .timedOut) }
     }
 
     /// A waiting task's cancellation: if it is still in line, it leaves the
@@ -417,7 +417,7 @@ public final class AsyncLock: @unchecked Sendable {
             AtomicMemory.and(~Self.queued, into: state, ordering: .relaxed)
         }
         guardMutex.unlock()
-        continuation.resume(returning: outcome)
+        continuation.resumeOutsideTSan(returning: outcome)
     }
 
     /// The fast unlock failed: the lock has tasks in line, or it is not
@@ -448,6 +448,6 @@ public final class AsyncLock: @unchecked Sendable {
         AtomicMemory.store(
             waiters.isEmpty ? Self.locked : Self.locked | Self.queued, to: state, ordering: .releasing)
         guardMutex.unlock()
-        heir.resume(returning: .acquired)
+        heir.resumeOutsideTSan(returning: .acquired)
     }
 }

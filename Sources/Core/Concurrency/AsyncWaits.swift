@@ -1,3 +1,5 @@
+import CShims
+
 /// Async forms of Spindle's waits: each suspends the calling task instead of
 /// blocking its thread (a cooperative thread blocked in a wait is a thread
 /// the whole program's tasks lose). The blocking forms are marked
@@ -97,7 +99,7 @@ private final class OneResumption: @unchecked Sendable {
         outcome = result
         let continuation = self.continuation.take()
         lock.unlock()
-        continuation?.resume(returning: result)
+        continuation?.resumeOutsideTSan(returning: result)
     }
 
     /// The outcome, read under the lock by the task once resumed. Besides
@@ -134,7 +136,7 @@ private func handedOver<T: Sendable>(
     await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
         start { result in
             box.put(result)
-            continuation.resume()
+            continuation.resumeOutsideTSan()
         }
     }
     return try box.take().get()
@@ -273,4 +275,41 @@ extension WorkQueue {
             async { deliver(Result { try body() }) }
         }
     }
+}
+
+// MARK: Resuming a task across threads
+
+// A resume from another thread than the suspending task's races, for
+// ThreadSanitizer, with the task's own first steps when the resume lands
+// before the task has finished suspending: the runtime then lets the task
+// go on through an atomic of its own, without the acquire it tells
+// ThreadSanitizer about when the task had suspended first (swiftlang/swift
+// #57803, still so in 6.3). What races is the runtime's bookkeeping in the
+// task's frame: the resume reads where the result goes and writes it, the
+// task's next partial function writes the same slots. No code of Spindle's
+// runs in between to order them, so the resume's own accesses are kept out
+// of ThreadSanitizer's sight instead, and only those: what the resuming
+// thread wrote before is still checked, and the runtime's release still
+// counts. In a build without ThreadSanitizer it is a plain resume.
+extension UnsafeContinuation {
+    @inline(__always)
+    func resumeOutsideTSan(returning value: sending T) {
+        cshims_tsan_ignore_accesses_begin()
+        resume(returning: value)
+        cshims_tsan_ignore_accesses_end()
+    }
+}
+
+extension CheckedContinuation {
+    @inline(__always)
+    func resumeOutsideTSan(returning value: sending T) {
+        cshims_tsan_ignore_accesses_begin()
+        resume(returning: value)
+        cshims_tsan_ignore_accesses_end()
+    }
+}
+
+extension CheckedContinuation where T == Void {
+    @inline(__always)
+    func resumeOutsideTSan() { resumeOutsideTSan(returning: ()) }
 }

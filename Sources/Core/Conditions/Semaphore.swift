@@ -294,7 +294,7 @@ public struct Semaphore: @unchecked Sendable {
             AtomicMemory.add(UInt32.max, to: word(\.suspendedCount), ordering: .sequentiallyConsistent)
         }
         guardWord.unlock()
-        for continuation in ready { continuation.resume(returning: true) }
+        for continuation in ready { continuation.resumeOutsideTSan(returning: true) }
     }
 
     /// Takes a resource, suspending the calling task (not blocking its
@@ -371,7 +371,7 @@ public struct Semaphore: @unchecked Sendable {
         let continuation = storage.suspended.remove(at: index).continuation
         AtomicMemory.add(UInt32.max, to: word(\.suspendedCount), ordering: .sequentiallyConsistent)
         guardWord.unlock()
-        continuation.resume(returning: false)
+        continuation.resumeOutsideTSan(returning: false)
     }
 }
 
