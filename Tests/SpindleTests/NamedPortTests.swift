@@ -197,6 +197,29 @@ struct NamedPortTests {
         #expect(told.withLock { $0 } == 1)
     }
 
+    /// An invalidation from another thread while the loop's thread accepts,
+    /// greets and answers connections closes no socket under it: each
+    /// closes as the loop's call on it returns. (One closed between a
+    /// connection's adoption and its greeting stopped the process: the
+    /// greeting's `sendmsg` found the descriptor gone, or wrote into
+    /// whatever file had taken its number.) Senders meet only the errors
+    /// of an invalidated port, and only once it is invalid.
+    @Test(arguments: availableBackends)
+    func invalidationRacingAcceptsClosesNoSocketUnderTheLoop(kind: EventBackendKind) throws {
+        for round in 0..<30 {
+            let name = uniqueName("invalidate-race-\(round)")
+            let owner = try Owner(NamedPort(name: name) { m in PortEnvelope(id: m.id) }, backend: kind)
+            let port = owner.port
+            let unexpected = try requestsRacingInvalidation(
+                connect: { () throws(PortError) in try RemotePort.lookup(name, timeout: .seconds(5)) },
+                isValid: { port.isValid },
+                expectedOnceInvalid: { $0 == .nameNotFound(name) || $0 == .peerGone },
+                invalidate: port.invalidate)
+            try owner.finish()
+            #expect(unexpected.isEmpty, "round \(round)")
+        }
+    }
+
     /// The receiving loop's thread exiting invalidates the port.
     @Test func theLoopThreadsExitInvalidatesThePort() throws {
         let name = uniqueName("loop-death")

@@ -76,6 +76,25 @@ struct NetworkPortTests {
         try listener.finish()
     }
 
+    /// An invalidation from another thread while the loop's thread
+    /// accepts, reads and answers connections closes no socket under it:
+    /// each closes as the loop's call on it returns (see the NamedPort
+    /// test of the same name). Senders fail only once the port is invalid.
+    @Test(arguments: availableBackends)
+    func invalidationRacingAcceptsClosesNoSocketUnderTheLoop(kind: EventBackendKind) throws {
+        for round in 0..<30 {
+            let listener = try Listener(NetworkPort { m in PortEnvelope(id: m.id) }, backend: kind)
+            let port = listener.port
+            let number = port.port
+            let unexpected = try requestsRacingInvalidation(
+                connect: { () throws(PortError) in try RemotePort.connect(host: "127.0.0.1", port: number, timeout: .seconds(5)) },
+                isValid: { port.isValid },
+                invalidate: port.invalidate)
+            try listener.finish()
+            #expect(unexpected.isEmpty, "round \(round)")
+        }
+    }
+
     /// An oversize length, a record that does not add up, and a stream cut
     /// in the middle of a frame each close their own connection only, and
     /// each reaches the drop handler as `.malformed`; a well-behaved sender

@@ -127,6 +127,7 @@ public final class NamedPort: @unchecked Sendable {
     private let acceptPacing: PortAcceptPacing
 
     private struct Connection {
+        let socket: PortDescriptor
         let source: LoopSource
         /// Replies the socket did not take at once, sent as it drains.
         let replies: PortReplyOutbox<PortRecordReply>
@@ -134,7 +135,8 @@ public final class NamedPort: @unchecked Sendable {
 
     private struct State {
         var valid = true
-        var listener: (fd: Int32, source: LoopSource)?
+        var listener: (socket: PortDescriptor, source: LoopSource)?
+        /// By descriptor: a connection's closes only after it leaves.
         var connections: [Int32: Connection] = [:]
         var membership = PortLoopMembership()
         var invalidationHandlers: [@Sendable (NamedPort) -> Void] = []
@@ -175,7 +177,7 @@ public final class NamedPort: @unchecked Sendable {
         // until invalidation: a published name is given back explicitly.
         // Re-armed by hand: not while `accept` finds no descriptor to take
         // the connection with (`PortAcceptPacing`).
-        state.listener = (fd, LoopSource(descriptor: fd, rearmsManually: true) { _, _ in self.acceptWaiting() })
+        state.listener = (PortDescriptor(fd), LoopSource(descriptor: fd, rearmsManually: true) { _, _ in self.acceptWaiting() })
         reference.port = self
     }
 
@@ -290,43 +292,49 @@ public final class NamedPort: @unchecked Sendable {
         return all
     }
 
-    /// Adds a connection's descriptor as a source in the port's modes.
-    private func adopt(_ fd: Int32) {
+    /// Adds a connection's socket as a source in the port's modes (or
+    /// closes it if the port is invalid); returns whether it did.
+    @discardableResult
+    private func adopt(_ socket: PortDescriptor) -> Bool {
         // Holds the port until the connection is dropped or the port
         // invalidated; the source holds the rings its senders introduce, so
         // they stay mapped while its handler runs, and the connection's own
         // ring for large buffers in replies.
         let rings = PortReceiveRings()
-        let source = LoopSource(descriptor: fd) { _, _ in self.receiveOne(on: fd, rings: rings) }
-        let replies = PortReplyOutbox<PortRecordReply>(recordsOf: fd, ring: PortSendRing(), limit: replyBacklogLimit) { error in
-            self.drop(fd, reason: error == .peerGone ? nil : error)
+        let source = LoopSource(descriptor: socket.fd) { _, _ in self.receiveOne(on: socket, rings: rings) }
+        let replies = PortReplyOutbox<PortRecordReply>(recordsOf: socket, ring: PortSendRing(), limit: replyBacklogLimit) { error in
+            self.drop(socket, reason: error == .peerGone ? nil : error)
         }
         let placement: (ThreadLoop?, [LoopMode])? = lock.withLock {
             guard state.valid else { return nil }
-            state.connections[fd] = Connection(source: source, replies: replies)
+            state.connections[socket.fd] = Connection(socket: socket, source: source, replies: replies)
             return (state.membership.loop, state.membership.currentModes)
         }
         guard let (loop, modes) = placement else {
-            PortSocketCalls.close(fd)
-            return
+            socket.close()
+            return false
         }
         if let loop { for m in modes { loop.add(source, forMode: m) } }
+        return true
     }
 
     /// Closes one connection (its peer gone, or misbehaving), counts it in
     /// `malformedMessages` if `malformed`, and tells the drop handlers
     /// `reason` (nil: the peer closed its end, told to nobody).
-    private func drop(_ fd: Int32, malformed: Bool = false, reason: PortError? = nil) {
+    private func drop(_ socket: PortDescriptor, malformed: Bool = false, reason: PortError? = nil) {
         let dropped: (Connection, [@Sendable (PortError) -> Void])? = lock.withLock {
-            guard let connection = state.connections.removeValue(forKey: fd) else { return nil }
+            // This connection's entry, not a later one's under the same
+            // descriptor number.
+            guard state.connections[socket.fd]?.socket === socket,
+                let connection = state.connections.removeValue(forKey: socket.fd)
+            else { return nil }
             if malformed { state.malformed += 1 }
             return (connection, state.dropHandlers)
         }
         guard let (connection, handlers) = dropped else { return }
         connection.replies.close()
         connection.source.invalidate()
-        PortSocketCalls.shutdown(fd)
-        PortSocketCalls.close(fd)
+        socket.close()
         if let reason { for handler in handlers { handler(reason) } }
     }
 
@@ -336,8 +344,8 @@ public final class NamedPort: @unchecked Sendable {
     /// adds it to the loop (or refuses and closes it). `acceptPacing` runs
     /// the loop and backs off when descriptors run out.
     private func acceptWaiting() {
-        guard let listener = lock.withLock({ state.listener?.fd }) else { return }
-        acceptPacing.acceptAll(on: listener, take: admit, report: report)
+        guard let listener = lock.withLock({ state.listener?.socket }) else { return }
+        _ = listener.use { fd in acceptPacing.acceptAll(on: fd, take: admit, report: report) }
     }
 
     /// A connection just accepted: refused if its user is not admitted,
@@ -351,15 +359,17 @@ public final class NamedPort: @unchecked Sendable {
             return true
         }
         // Adopted before the greeting, so that once the peer can send,
-        // an invalidation finds (and closes) its connection.
-        adopt(fd)
+        // an invalidation finds (and closes) its connection; which another
+        // thread's invalidation may do from then on.
+        let socket = PortDescriptor(fd)
+        guard adopt(socket) else { return true }
         do throws(PortError) {
-            try PortSocketCalls.send(fd, PortWire.bare(.welcome), fds: [], before: .now)
+            _ = try socket.use { fd throws(PortError) in try PortSocketCalls.send(fd, PortWire.bare(.welcome), fds: [], before: .now) }
         } catch {
             // A peer that left before its greeting (a probe from a
             // `NamedPort.init` that found the name taken, say) closed
             // its end: told to nobody.
-            drop(fd, reason: error == .peerGone ? nil : error)
+            drop(socket, reason: error == .peerGone ? nil : error)
         }
         return true
     }
@@ -383,16 +393,21 @@ public final class NamedPort: @unchecked Sendable {
     /// Receives one message from a connection and hands it to the handler
     /// (and, for a request, sends its reply). The loop calls again while the
     /// connection stays readable: one message per call.
-    private func receiveOne(on fd: Int32, rings: PortReceiveRings) {
+    private func receiveOne(on socket: PortDescriptor, rings: PortReceiveRings) {
+        _ = socket.use { fd in receiveOne(on: socket, fd: fd, rings: rings) }
+    }
+
+    /// `receiveOne`, with the socket held open.
+    private func receiveOne(on socket: PortDescriptor, fd: Int32, rings: PortReceiveRings) {
         switch PortSocketCalls.receive(fd, into: buffer) {
         case .nothing:
             return
         case .closed:
-            drop(fd)
+            drop(socket)
         case .record(let count, let fds, let truncated):
             guard !truncated else {
                 PortSocketCalls.close(fds)
-                drop(fd, malformed: true, reason: .malformed("a message longer than the port's buffer, cut short"))
+                drop(socket, malformed: true, reason: .malformed("a message longer than the port's buffer, cut short"))
                 return
             }
             let decoded: PortWire.Decoded
@@ -401,7 +416,7 @@ public final class NamedPort: @unchecked Sendable {
                 let ringed = rings.takeCount()
                 if ringed > 0 { lock.withLock { state.sharedMemoryBuffers += ringed } }
             } catch {
-                drop(fd, malformed: true, reason: error)
+                drop(socket, malformed: true, reason: error)
                 return
             }
             switch decoded.kind {
@@ -410,27 +425,28 @@ public final class NamedPort: @unchecked Sendable {
             case .request:
                 let reply = handler(decoded.envelope) ?? PortEnvelope(id: decoded.envelope.id)
                 do throws(PortError) {
-                    try queueReply(PortRecordReply(envelope: reply, sequence: decoded.sequence), on: fd)
+                    try queueReply(PortRecordReply(envelope: reply, sequence: decoded.sequence), on: socket)
                 } catch {
-                    drop(fd, reason: error == .peerGone ? nil : error)
+                    drop(socket, reason: error == .peerGone ? nil : error)
                 }
             case .ring:
                 // A sender's ring, mapped by the decode for its later buffers.
                 break
             case .reply, .welcome, .refused:
-                drop(fd, malformed: true, reason: .malformed("a \(decoded.kind) message, which a listening port never receives"))
+                drop(socket, malformed: true, reason: .malformed("a \(decoded.kind) message, which a listening port never receives"))
             }
         }
     }
 
-    /// Sends `reply` on `fd` if the socket takes it now, else queues it
+    /// Sends `reply` on `socket` if it takes it now, else queues it
     /// behind the connection's earlier replies, to go as the socket drains
     /// (`PortReplyOutbox`): a requester that does not read holds up only
     /// its own connection, never the loop. Throws `.replyBacklogExceeded`
     /// if `replyBacklogLimit` bytes or more wait already, and the send's
     /// error; the caller drops the connection.
-    private func queueReply(_ reply: PortRecordReply, on fd: Int32) throws(PortError) {
-        guard let replies = lock.withLock({ state.connections[fd]?.replies }) else { return }  // dropped meanwhile
+    private func queueReply(_ reply: PortRecordReply, on socket: PortDescriptor) throws(PortError) {
+        let replies = lock.withLock { state.connections[socket.fd].flatMap { $0.socket === socket ? $0.replies : nil } }
+        guard let replies else { return }  // dropped meanwhile
         guard let writer = try replies.send(reply) else { return }
         let (loop, modes) = lock.withLock { (state.membership.loop, state.membership.currentModes) }
         if let loop { for m in modes { loop.add(writer, forMode: m) } }
@@ -446,7 +462,7 @@ public final class NamedPort: @unchecked Sendable {
     public func makeSendRight() throws(PortError) -> RemotePort {
         guard isValid else { throw .invalidated }
         let (mine, theirs) = try PortSocketCalls.socketPair()
-        adopt(mine)
+        adopt(PortDescriptor(mine))
         return RemotePort(adopting: theirs, name: nil)
     }
 
@@ -456,7 +472,7 @@ public final class NamedPort: @unchecked Sendable {
     /// leaves its loop, and runs the invalidation handlers on the calling
     /// thread. Any thread; calling it again does nothing.
     public func invalidate() {
-        let taken: (listener: (fd: Int32, source: LoopSource)?, connections: [Int32: Connection], handlers: [@Sendable (NamedPort) -> Void])? =
+        let taken: (listener: (socket: PortDescriptor, source: LoopSource)?, connections: [Int32: Connection], handlers: [@Sendable (NamedPort) -> Void])? =
             lock.withLock {
                 guard state.valid else { return nil }
                 state.valid = false
@@ -474,17 +490,16 @@ public final class NamedPort: @unchecked Sendable {
         // sockets open until its next pass (an armed io_uring poll keeps a
         // reference), and the name and the connections must end now: a
         // shut-down listener refuses connections, a shut-down connection
-        // reads as closed at the other end.
+        // reads as closed at the other end. Each socket the loop's thread
+        // is using right now closes as that use ends (`PortDescriptor`).
         if let listener = taken.listener {
             listener.source.invalidate()
-            PortSocketCalls.shutdown(listener.fd)
-            PortSocketCalls.close(listener.fd)
+            listener.socket.close()
         }
-        for (fd, connection) in taken.connections {
+        for connection in taken.connections.values {
             connection.replies.close()
             connection.source.invalidate()
-            PortSocketCalls.shutdown(fd)
-            PortSocketCalls.close(fd)
+            connection.socket.close()
         }
         for handler in taken.handlers { handler(self) }
     }

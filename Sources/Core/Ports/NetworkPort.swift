@@ -154,6 +154,7 @@ public final class NetworkPort: @unchecked Sendable {
     private let stallSweep: LoopTimer?
 
     private struct Connection {
+        let socket: PortDescriptor
         let source: LoopSource
         var frames: PortWire.FrameReader
         /// Reply frames the socket did not take at once, written as it
@@ -165,7 +166,8 @@ public final class NetworkPort: @unchecked Sendable {
 
     private struct State {
         var valid = true
-        var listener: (fd: Int32, source: LoopSource)?
+        var listener: (socket: PortDescriptor, source: LoopSource)?
+        /// By descriptor: a connection's closes only after it leaves.
         var connections: [Int32: Connection] = [:]
         var membership = PortLoopMembership()
         var invalidationHandlers: [@Sendable (NetworkPort) -> Void] = []
@@ -226,7 +228,7 @@ public final class NetworkPort: @unchecked Sendable {
         // The listener's source holds the port until invalidation.
         // Re-armed by hand: not while `accept` finds no descriptor to take
         // the connection with (`PortAcceptPacing`).
-        state.listener = (fd, LoopSource(descriptor: fd, rearmsManually: true) { _, _ in self.acceptWaiting() })
+        state.listener = (PortDescriptor(fd), LoopSource(descriptor: fd, rearmsManually: true) { _, _ in self.acceptWaiting() })
         reference.port = self
     }
 
@@ -321,28 +323,31 @@ public final class NetworkPort: @unchecked Sendable {
     /// Accepts every waiting connection and adds it to the loop;
     /// `acceptPacing` runs the loop and backs off when descriptors run out.
     private func acceptWaiting() {
-        guard let listener = lock.withLock({ state.listener?.fd }) else { return }
-        acceptPacing.acceptAll(on: listener, take: adopt, report: report)
+        guard let listener = lock.withLock({ state.listener?.socket }) else { return }
+        _ = listener.use { fd in acceptPacing.acceptAll(on: fd, take: adopt, report: report) }
     }
 
     /// Adds a connection just accepted; false (and closed) once the port is
     /// invalid.
     private func adopt(_ fd: Int32) -> Bool {
         PortSocketCalls.tcpNoDelay(fd)
-        let source = LoopSource(descriptor: fd) { _, _ in self.receive(on: fd) }
-        let replies = PortReplyOutbox<[UInt8]>(streamOf: fd, limit: replyBacklogLimit) { error in
-            self.drop(fd, malformed: false, reason: error)
+        // From the table on, another thread's invalidation may close it.
+        let socket = PortDescriptor(fd)
+        let source = LoopSource(descriptor: fd) { _, _ in self.receive(on: socket) }
+        let replies = PortReplyOutbox<[UInt8]>(streamOf: socket, limit: replyBacklogLimit) { error in
+            self.drop(socket, malformed: false, reason: error)
         }
         let placement: (ThreadLoop?, [LoopMode])? = lock.withLock {
             guard state.valid else { return nil }
             state.connections[fd] = Connection(
+                socket: socket,
                 source: source,
                 frames: PortWire.FrameReader(wireFormat, directLimit: partialFrameMemoryLimit / Self.directFrameShare),
                 replies: replies)
             return (state.membership.loop, state.membership.currentModes)
         }
         guard let (loop, modes) = placement else {
-            PortSocketCalls.close(fd)
+            socket.close()
             return false
         }
         if let loop { for m in modes { loop.add(source, forMode: m) } }
@@ -368,25 +373,30 @@ public final class NetworkPort: @unchecked Sendable {
     /// Closes a connection the port gives up on, counts it in
     /// `malformedFrames` if `malformed`, and tells the drop handlers
     /// `reason` (nil: a sender's own clean close, told to nobody).
-    private func drop(_ fd: Int32, malformed: Bool, reason: PortError?) {
+    private func drop(_ socket: PortDescriptor, malformed: Bool, reason: PortError?) {
         let dropped: (Connection, [@Sendable (PortError) -> Void])? = lock.withLock {
-            guard let connection = state.connections.removeValue(forKey: fd) else { return nil }
+            // This connection's entry, not a later one's under the same
+            // descriptor number.
+            guard state.connections[socket.fd]?.socket === socket,
+                let connection = state.connections.removeValue(forKey: socket.fd)
+            else { return nil }
             if malformed { state.malformed += 1 }
             return (connection, state.dropHandlers)
         }
         guard let (connection, handlers) = dropped else { return }
-        connection.replies.close()
-        Self.close(fd, source: connection.source)
+        Self.close(connection)
         if let reason { for handler in handlers { handler(reason) } }
     }
 
-    /// Ends a descriptor source and its socket. Shut down before closing,
-    /// as NamedPort does: the event backend may hold the socket until its
-    /// next pass, and the peer must see the end now.
-    private static func close(_ fd: Int32, source: LoopSource) {
-        source.invalidate()
-        PortSocketCalls.shutdown(fd)
-        PortSocketCalls.close(fd)
+    /// Ends a connection that left the table: its replies, its source and
+    /// its socket. The socket is shut down before it closes, as NamedPort
+    /// does: the event backend may hold it until its next pass, and the
+    /// peer must see the end now; it closes once no call uses it
+    /// (`PortDescriptor`).
+    private static func close(_ connection: Connection) {
+        connection.replies.close()
+        connection.source.invalidate()
+        connection.socket.close()
     }
 
     // MARK: Stalled frames (the loop's thread)
@@ -428,9 +438,8 @@ public final class NetworkPort: @unchecked Sendable {
             state.stalled += stalled.count
             return (stalled, state.dropHandlers)
         }
-        for (fd, connection) in stalled {
-            connection.replies.close()
-            Self.close(fd, source: connection.source)
+        for connection in stalled.values {
+            Self.close(connection)
             for handler in handlers { handler(.frameStalled(after: stallLimit)) }
         }
         sweep.fireDate = next
@@ -451,7 +460,12 @@ public final class NetworkPort: @unchecked Sendable {
     /// its buffer is followed by another (up to `readsPerEvent`), so a
     /// large frame takes few readiness events; a large frame under way is
     /// read straight into its buffers, the others through `chunk`.
-    private func receive(on fd: Int32) {
+    private func receive(on socket: PortDescriptor) {
+        _ = socket.use { fd in receive(on: socket, fd: fd) }
+    }
+
+    /// `receive`, with the socket held open.
+    private func receive(on socket: PortDescriptor, fd: Int32) {
         for _ in 0..<Self.readsPerEvent {
             let step: ReadStep = lock.withLock {
                 guard state.connections[fd] != nil else { return .gone }
@@ -477,10 +491,10 @@ public final class NetworkPort: @unchecked Sendable {
                 return
             case .closed:
                 let partial = lock.withLock { state.connections[fd]?.frames.hasPartialFrame ?? false }
-                drop(fd, malformed: partial, reason: partial ? .malformed("the stream ended in the middle of a frame") : nil)
+                drop(socket, malformed: partial, reason: partial ? .malformed("the stream ended in the middle of a frame") : nil)
                 return
             case .bytes:
-                guard deliverFrames(on: fd) else { return }
+                guard deliverFrames(on: socket) else { return }
             }
             if !full { return }
         }
@@ -513,8 +527,10 @@ public final class NetworkPort: @unchecked Sendable {
     }
 
     /// Hands every whole frame the connection holds to the handler. False
-    /// if the connection was dropped meanwhile.
-    private func deliverFrames(on fd: Int32) -> Bool {
+    /// if the connection was dropped meanwhile. With the socket held open
+    /// (`receive`), so that its descriptor number is its own.
+    private func deliverFrames(on socket: PortDescriptor) -> Bool {
+        let fd = socket.fd
         while true {
             let next: Result<PortWire.Frame?, PortError>? = lock.withLock {
                 guard state.connections[fd] != nil else { return nil }
@@ -533,7 +549,7 @@ public final class NetworkPort: @unchecked Sendable {
                 shedPartialFrames()
                 return lock.withLock { state.connections[fd] != nil }
             case .failure(let error)?:
-                drop(fd, malformed: true, reason: error)
+                drop(socket, malformed: true, reason: error)
                 return false
             }
             let decoded: PortWire.Decoded
@@ -547,7 +563,7 @@ public final class NetworkPort: @unchecked Sendable {
                     decoded = PortWire.Decoded(kind: .oneWay, sequence: 0, envelope: try FoundationPortWire.decode(record))
                 }
             } catch {
-                drop(fd, malformed: true, reason: error)
+                drop(socket, malformed: true, reason: error)
                 return false
             }
             switch decoded.kind {
@@ -558,11 +574,11 @@ public final class NetworkPort: @unchecked Sendable {
                 do throws(PortError) {
                     try queueReply(PortWire.contiguousStreamFrame(reply, kind: .reply, sequence: decoded.sequence), on: fd)
                 } catch {
-                    drop(fd, malformed: false, reason: error)
+                    drop(socket, malformed: false, reason: error)
                     return false
                 }
             case .reply, .welcome, .refused, .ring:
-                drop(fd, malformed: true, reason: .malformed("a \(decoded.kind) frame, which a listening port never receives"))
+                drop(socket, malformed: true, reason: .malformed("a \(decoded.kind) frame, which a listening port never receives"))
                 return false
             }
         }
@@ -589,9 +605,8 @@ public final class NetworkPort: @unchecked Sendable {
             }
             return (shed, state.dropHandlers, before)
         }
-        for (fd, connection, bytes) in shed {
-            connection.replies.close()
-            Self.close(fd, source: connection.source)
+        for (_, connection, bytes) in shed {
+            Self.close(connection)
             for handler in handlers {
                 handler(.partialFramesOverLimit(connectionBytes: bytes, totalBytes: total, limit: partialFrameMemoryLimit))
             }
@@ -620,7 +635,7 @@ public final class NetworkPort: @unchecked Sendable {
     /// leaves its loop, and runs the invalidation handlers on the calling
     /// thread. Any thread; calling it again does nothing.
     public func invalidate() {
-        let taken: (listener: (fd: Int32, source: LoopSource)?, connections: [Int32: Connection], handlers: [@Sendable (NetworkPort) -> Void])? =
+        let taken: (listener: (socket: PortDescriptor, source: LoopSource)?, connections: [Int32: Connection], handlers: [@Sendable (NetworkPort) -> Void])? =
             lock.withLock {
                 guard state.valid else { return nil }
                 state.valid = false
@@ -635,11 +650,13 @@ public final class NetworkPort: @unchecked Sendable {
         sentinel.invalidate()
         acceptPacing.timer.invalidate()
         stallSweep?.invalidate()
-        if let listener = taken.listener { Self.close(listener.fd, source: listener.source) }
-        for (fd, connection) in taken.connections {
-            connection.replies.close()
-            Self.close(fd, source: connection.source)
+        // A socket the loop's thread is using right now closes as that
+        // use ends (`PortDescriptor`).
+        if let listener = taken.listener {
+            listener.source.invalidate()
+            listener.socket.close()
         }
+        for connection in taken.connections.values { Self.close(connection) }
         for handler in taken.handlers { handler(self) }
     }
 

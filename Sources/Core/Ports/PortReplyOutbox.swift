@@ -31,6 +31,9 @@ final class PortReplyOutbox<Reply>: @unchecked Sendable {
         case failed(PortError)
     }
 
+    /// The connection's descriptor, for the writer's source: made while
+    /// the port's receive holds the socket open (`PortDescriptor.use`), and
+    /// invalidated before the socket closes.
     private let fd: Int32
     private let limit: Int
     /// Writes a reply from an offset (0 unless an earlier try took part of
@@ -173,14 +176,17 @@ final class PortReplyOutbox<Reply>: @unchecked Sendable {
 extension PortReplyOutbox where Reply == [UInt8] {
     /// For a stream (`NetworkPort`): a reply is a frame, of which a write
     /// may take part.
-    convenience init(streamOf fd: Int32, limit: Int, failed: @escaping @Sendable (PortError) -> Void) {
+    convenience init(streamOf socket: PortDescriptor, limit: Int, failed: @escaping @Sendable (PortError) -> Void) {
         self.init(
-            fd: fd, limit: limit,
+            fd: socket.fd, limit: limit,
             write: { frame, from in
-                switch frame.withUnsafeBytes({ PortSocketCalls.streamSendSome(fd, UnsafeRawBufferPointer(rebasing: $0[from...])) }) {
-                case .sent(let n): from + n == frame.count ? .done : .partial(from + n)
-                case .full: .full
-                case .failed(let error): .failed(error)
+                let sent = socket.use { fd in
+                    frame.withUnsafeBytes { PortSocketCalls.streamSendSome(fd, UnsafeRawBufferPointer(rebasing: $0[from...])) }
+                }
+                switch sent ?? .failed(.peerGone) {  // nil: the port closed the connection
+                case .sent(let n): return from + n == frame.count ? .done : .partial(from + n)
+                case .full: return .full
+                case .failed(let error): return .failed(error)
                 }
             },
             size: { $0.count }, failed: failed)
@@ -199,14 +205,16 @@ extension PortReplyOutbox where Reply == PortRecordReply {
     /// is one record, which the socket takes whole or not at all, its large
     /// buffers in the connection's reply ring (`ring`, whose space a record
     /// not sent gives back). Counted as its record's header and buffers.
-    convenience init(recordsOf fd: Int32, ring: PortSendRing, limit: Int, failed: @escaping @Sendable (PortError) -> Void) {
+    convenience init(recordsOf socket: PortDescriptor, ring: PortSendRing, limit: Int, failed: @escaping @Sendable (PortError) -> Void) {
         self.init(
-            fd: fd, limit: limit,
+            fd: socket.fd, limit: limit,
             write: { reply, _ in
                 do throws(PortError) {
                     // A deadline already passed: one try, no wait.
-                    try ring.send(reply.envelope, kind: .reply, sequence: reply.sequence, on: fd, before: .now)
-                    return .done
+                    let sent: Void? = try socket.use { fd throws(PortError) in
+                        try ring.send(reply.envelope, kind: .reply, sequence: reply.sequence, on: fd, before: .now)
+                    }
+                    return sent == nil ? .failed(.peerGone) : .done  // nil: the port closed the connection
                 } catch {
                     if case .timedOut = error { return .full }
                     return .failed(error)
