@@ -5,12 +5,12 @@ import Glibc
 #endif
 
 /// Three threads open a `RemotePort` to a listening port (`connect`) and
-/// make a request on it, over and over; once a few were answered, at a
-/// random moment within 2 ms, `invalidate` invalidates the port from this
-/// thread. Returns what went wrong: a wrong reply, any error while the
-/// port was still valid (`isValid`), or, once it is not, an error
-/// `expectedOnceInvalid` does not accept. Each sender stops at its first
-/// error after the invalidation.
+/// make a request on it, over and over; once a few were answered (or after
+/// 10 s without, which is reported), at a random moment within 2 ms,
+/// `invalidate` invalidates the port from this thread. Returns what went
+/// wrong: a wrong reply, any error while the port was still valid
+/// (`isValid`), or, once it is not, an error `expectedOnceInvalid` does not
+/// accept. Each sender stops at its first error after the invalidation.
 public func requestsRacingInvalidation(
     connect: @escaping @Sendable () throws(PortError) -> RemotePort,
     isValid: @escaping @Sendable () -> Bool,
@@ -40,7 +40,14 @@ public func requestsRacingInvalidation(
             }
         }
     }
-    while answered.withLock({ $0 }) < 3 { usleep(100) }
+    let patience = MonotonicClock.now.advanced(by: .seconds(10))
+    while answered.withLock({ $0 }) < 3 {
+        if MonotonicClock.now >= patience {
+            unexpected.withLock { $0.append("fewer than 3 requests answered in 10 s") }
+            break
+        }
+        usleep(100)
+    }
     usleep(UInt32.random(in: 0...2000))
     invalidate()
     stop.withLock { $0 = true }
