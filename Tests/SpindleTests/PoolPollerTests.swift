@@ -115,6 +115,76 @@ struct PoolPollerTests {
         #expect(aDone.wait(timeout: .seconds(60)) == .completed)
         #expect(aFinished.withLock { $0 } == true, "B's handler did not run while A's computed")
     }
+
+    /// In a process of its own (no other test's work on the pool): a
+    /// repeating 2 ms queue timer whose call is short costs the pool's
+    /// workers one wake-up per firing, not two. The hand-offs made before
+    /// each call are wasted (the worker that left is back long before the
+    /// next firing) and back off, and the returning worker waits in the
+    /// poller again. Counted as the workers' voluntary context switches
+    /// over 200 firings (the monitor's thread not included): with every
+    /// hand-off made it is two per firing (seen before the back-off).
+    @Test func aTimerWithAShortCallWakesTheWorkersOncePerFiring() async {
+        await #expect(processExitsWith: .success) {
+            armHangAlarm(seconds: 60)
+            exit(timerWakeUpsPerFiring())
+        }
+    }
+}
+
+/// The voluntary context switches of this process's pool workers (threads
+/// named "spindle.std"), summed.
+private func workerSwitches() -> Int {
+    guard let dir = opendir("/proc/self/task") else { return 0 }
+    defer { closedir(dir) }
+    var total = 0
+    while let entry = readdir(dir) {
+        let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
+        guard let tid = Int32(name), let comm = procFileText("/proc/self/task/\(tid)/comm"),
+              comm.hasPrefix("spindle.std"), let status = largeProcFileText("/proc/self/task/\(tid)/status")
+        else { continue }
+        for line in status.split(separator: "\n") where line.hasPrefix("voluntary_ctxt_switches:") {
+            total += Int(line.split(separator: "\t").last ?? "") ?? 0
+        }
+    }
+    return total
+}
+
+/// The text of a /proc file of up to 16 KiB (a thread's status), or nil.
+private func largeProcFileText(_ path: String) -> String? {
+    let fd = open(path, O_RDONLY)
+    guard fd >= 0 else { return nil }
+    defer { close(fd) }
+    var buffer = [UInt8](repeating: 0, count: 16 * 1024)
+    let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+    guard n > 0 else { return nil }
+    return String(decoding: buffer[0..<n], as: UTF8.self)
+}
+
+/// `aTimerWithAShortCallWakesTheWorkersOncePerFiring` in its own process:
+/// 0, or the number of the check that failed (its figure printed).
+private func timerWakeUpsPerFiring() -> Int32 {
+    let firings = LockedValue(0)
+    let warmedUp = Semaphore(value: 0)
+    let done = Semaphore(value: 0)
+    let timer = EventSource.timer(
+        start: .monotonic(MonotonicClock.now.advanced(by: .milliseconds(2))), interval: .milliseconds(2),
+        leeway: .zero, on: .queue(WorkQueue(label: "poller.tick")))
+    timer.setEventHandler { source in
+        let count = Int(source.data)
+        let total = firings.withLock { $0 += count; return $0 }
+        if total >= 100 && total - count < 100 { warmedUp.signal() }
+        if total >= 300 && total - count < 300 { done.signal() }
+    }
+    timer.activate()
+    defer { timer.cancel() }
+    guard warmedUp.wait(timeout: .seconds(20)) == .completed else { return 1 }
+    let before = (switches: workerSwitches(), firings: firings.withLock { $0 })
+    guard done.wait(timeout: .seconds(20)) == .completed else { return 2 }
+    let after = (switches: workerSwitches(), firings: firings.withLock { $0 })
+    let perFiring = Double(after.switches - before.switches) / Double(max(after.firings - before.firings, 1))
+    print("pool workers' voluntary switches per firing: \(perFiring)")
+    return perFiring < 1.5 ? 0 : 3
 }
 
 /// The names of this process's threads now.

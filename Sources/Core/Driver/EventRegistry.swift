@@ -96,6 +96,8 @@ package final class EventRegistry: @unchecked Sendable {
     private var ownerMaySleepOnWakeWord = true
     /// See `waitsInKernelWhileRegistered`. Under `lock`.
     private var kernelWaitWhileRegistered = false
+    /// See `spinsForPrecision`. Under `lock`.
+    private var precise = true
     /// Owner thread only: the backend's reports of the current wait.
     private var completions: [KernelCompletion] = []
 
@@ -126,6 +128,18 @@ package final class EventRegistry: @unchecked Sendable {
     package var waitsInKernelWhileRegistered: Bool {
         get { lock.withLock { kernelWaitWhileRegistered } }
         set { lock.withLock { kernelWaitWhileRegistered = newValue } }
+    }
+
+    /// Whether a wait on the wake word (no descriptor watched) spins: briefly
+    /// before it sleeps, for a wake on its way, and through the learned lead
+    /// before a deadline (`WakeLead`), so that a timer fires within a few
+    /// microseconds of it (true by default: a loop's). False: it sleeps
+    /// until the deadline and spins nothing, so a timer costs one wake-up
+    /// and is as late as the CPU is slow to wake (the pool's poller: queue
+    /// timers are Dispatch's, whose precision is a wake-up too). Any thread.
+    package var spinsForPrecision: Bool {
+        get { lock.withLock { precise } }
+        set { lock.withLock { precise = newValue } }
     }
 
     // MARK: Registrations (any thread)
@@ -297,13 +311,13 @@ package final class EventRegistry: @unchecked Sendable {
     /// deadline).
     ///
     /// With no descriptor watched (and none registered, if
-    /// `waitsInKernelWhileRegistered`) it spins briefly for a wake already
-    /// on its way (`LoopWakeState.spinBeforeSleep`) and sleeps on the wake
-    /// word instead of in the kernel.
+    /// `waitsInKernelWhileRegistered`) it sleeps on the wake word instead of
+    /// in the kernel, after a brief spin for a wake already on its way
+    /// (`LoopWakeState.spinBeforeSleep`) unless not `spinsForPrecision`.
     package func wait(until deadline: MonotonicClock.Instant?, events: inout [ReadyEvent]) -> Bool {
         // One hold of the lock: apply the changes, take the failures they
         // found, and learn whether any watch is in the kernel.
-        let (failed, watching): (Bool, Bool) = lock.withLock {
+        let (failed, watching, precise): (Bool, Bool, Bool) = lock.withLock {
             applyChangesLocked()
             let failed = !failures.isEmpty
             if failed {
@@ -312,7 +326,7 @@ package final class EventRegistry: @unchecked Sendable {
             }
             let watching = pendingWatches > 0 || (kernelWaitWhileRegistered && !registrations.isEmpty)
             ownerMaySleepOnWakeWord = !watching
-            return (failed, watching)
+            return (failed, watching, self.precise)
         }
         var timeout = failed ? 0 : timeoutNanoseconds(until: deadline)
         // A poll with no watch in the kernel and nothing to submit: the
@@ -323,7 +337,7 @@ package final class EventRegistry: @unchecked Sendable {
         var woken = false
         if timeout != 0 {
             let kernelWork = watching || backend.hasUnsubmittedChanges
-            switch wakeState.waitBeforeKernel(until: deadline, descriptorsArmed: kernelWork) {
+            switch wakeState.waitBeforeKernel(until: deadline, descriptorsArmed: kernelWork, precise: precise) {
             case .woken:
                 // Do not delay descriptors that are ready too.
                 if !kernelWork { return true }

@@ -130,11 +130,16 @@ final class LoopWakeState: @unchecked Sendable {
     /// the learned lead (`WakeLead`) before `deadline`, and a spin for the rest. With
     /// descriptors armed it does nothing: the wait sleeps in the kernel at
     /// once. Call only with a wait that may block (a non-zero timeout).
-    func waitBeforeKernel(until deadline: MonotonicClock.Instant?, descriptorsArmed: Bool) -> Prelude {
+    /// `precise` false: no spin at all, a sleep on the wake word until the
+    /// deadline (as late as the kernel is in ending it, at one wake-up).
+    func waitBeforeKernel(
+        until deadline: MonotonicClock.Instant?, descriptorsArmed: Bool, precise: Bool = true
+    ) -> Prelude {
         // With descriptors armed the spin would watch only the wake word,
         // never the descriptors: each of their events would cost the whole
         // spin in CPU, and one arriving during it would wait for its end.
         guard !descriptorsArmed else { return .sleepInKernel }
+        guard precise else { return sleepOnFutex(until: deadline) ? .woken : .timedOut }
         if spinForWake(until: deadline) {
             leaveSleep()
             return .woken

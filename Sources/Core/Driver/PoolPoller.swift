@@ -16,23 +16,35 @@ import Synchronization
 /// word instead of its futex (`PoolWorker.unpark`).
 ///
 /// **Nobody left at the poller.** A holder that finds events gives the
-/// poller up before it runs what it found, and on the way wakes a parked
+/// poller up before it runs what it found, and on the way pokes a parked
 /// worker (or starts one, within the pool's width) to hold it in its place:
 /// the eager hand-off of Tokio 1.52 (tokio-rs/tokio#8010), so the driver is
-/// never left unattended while a CPU is free. Busy workers poll it without
-/// blocking at each fair look (every 61st unit they take, Tokio's
-/// `event_interval`, or about every 200 µs of long units) and when
-/// they run dry, and the first worker to park waits in it again. The one
-/// case the hand-off cannot cover is every worker computing, with no permit
-/// free to hand it to: then the pool's monitor (`PoolMonitor`, Go's
-/// `sysmon`, armed whenever a worker runs) polls the poller at each of its
-/// looks if nobody holds it (`pollIfUnheld`), hands what it finds to the
-/// pool the ordinary way and wakes a worker to hold it, so an event waits
-/// at most one monitor period (10 ms) to be taken from the kernel. Its
-/// call then waits, like any queued unit, for a worker to finish what it
-/// computes. No thread of the event driver's own runs for queue sources.
-/// A worker that enters a blocking wait while the poller is unheld also
-/// wakes another to hold it.
+/// not left unattended while a CPU is free. The poked worker moves from its
+/// futex to the poller and stays parked, without a permit
+/// (`PoolWorker.pokeForPoller`). Hand-offs that prove wasted (the leaver
+/// was back before the new holder ran anything: its calls are short) back
+/// off, and are eager again as soon as one proves useful or events are
+/// found waiting unattended (see `release`): a queue timer with a short
+/// call costs one wake-up per firing, not two. Busy workers poll the
+/// poller without blocking at each fair look (every 61st unit they take,
+/// Tokio's `event_interval`, or about every 200 µs of long units) and when
+/// they run dry, and the first worker to park waits in it again. The case
+/// the hand-off does not cover (every worker computing, with no permit free
+/// to hand it to, or hand-offs backed off while a call runs long) falls to
+/// the pool's monitor (`PoolMonitor`, Go's `sysmon`, armed whenever a
+/// worker runs): it polls the poller at each of its looks if nobody holds
+/// it (`pollIfUnheld`), hands what it finds to the pool the ordinary way
+/// and wakes a worker to hold it, so an event waits at most one monitor
+/// period (10 ms) to be taken from the kernel. Its call then waits, like
+/// any queued unit, for a worker to finish what it computes. No thread of
+/// the event driver's own runs for queue sources. A worker that enters a
+/// blocking wait while the poller is unheld also wakes another to hold it.
+///
+/// **Timers.** The holder sleeps until the first deadline without spinning
+/// (`EventRegistry.spinsForPrecision` false): a queue timer fires one
+/// wake-up late (tens of microseconds on a VM, a few on bare metal), as
+/// Dispatch's do, for one wake-up of CPU. A loop's timers spin the learned
+/// lead and fire within microseconds.
 /// Every kind of queue source waits here: descriptors, timers (the
 /// `TimerQueue` heap), process exits (their pidfds), and the process-wide
 /// descriptors of the queue sources' signal and file-system registries
@@ -93,8 +105,13 @@ final class PoolPoller: @unchecked Sendable {
     /// layer, above this one, implements it: `WorkerPool`).
     protocol Workers: AnyObject, Sendable {
         /// Wakes a parked worker, or starts one within the pool's bound, so
-        /// that somebody comes to hold the poller.
-        func wakeForPoller()
+        /// that somebody comes to hold the poller. Returns whether it woke
+        /// or started one (false: every permit taken, a holder already
+        /// there or on its way).
+        @discardableResult
+        func wakeForPoller() -> Bool
+        /// Whether the calling thread is one of the pool's workers.
+        var isWorkerThread: Bool { get }
     }
 
     /// The pool whose workers hold it. Unowned: the pool owns the poller,
@@ -108,14 +125,28 @@ final class PoolPoller: @unchecked Sendable {
     /// Registrations plus pending timer entries: whether a worker should
     /// wait here at all. Atomic; stale at once.
     private let watchCount: UnsafeMutablePointer<Int>
+    /// The hand-off's back-off (see `release`): hand-offs skipped between
+    /// two made (0: every one is made), the count skipped since the last
+    /// one, the ticket of the hand-off whose use is not known yet (0:
+    /// none), and the count of hand-offs made (tickets). Hints, relaxed,
+    /// on a line of their own: written by workers as they leave the poller
+    /// or come back, and by holders that ran something.
+    private let handOffBackoff: UnsafeMutablePointer<Int>
+    private let handOffsSkipped: UnsafeMutablePointer<Int>
+    private let pendingHandOff: UnsafeMutablePointer<Int>
+    private let handOffCount: UnsafeMutablePointer<Int>
     /// The holder's reports of its current wait.
     private var events: [ReadyEvent] = []
 
     init(pool: any Workers) {
         self.pool = pool
-        let words = allocateStableWords(byteCount: 128)
+        let words = allocateStableWords(byteCount: 192)
         holdWord = words.assumingMemoryBound(to: Int.self)
         watchCount = (words + 64).assumingMemoryBound(to: Int.self)
+        handOffBackoff = (words + 128).assumingMemoryBound(to: Int.self)
+        handOffsSkipped = (words + 136).assumingMemoryBound(to: Int.self)
+        pendingHandOff = (words + 144).assumingMemoryBound(to: Int.self)
+        handOffCount = (words + 152).assumingMemoryBound(to: Int.self)
     }
 
     // MARK: Registrations (any thread)
@@ -132,6 +163,9 @@ final class PoolPoller: @unchecked Sendable {
         // Handlers re-arm their watches while the holder waits: it stays
         // in epoll_wait, where each re-arm reaches it without a wake-up.
         registry.waitsInKernelWhileRegistered = true
+        // A queue timer sleeps until its deadline: one wake-up per firing,
+        // no spin (loops spin for precision; see `spinsForPrecision`).
+        registry.spinsForPrecision = false
         let made = State(registry: registry)
         state = made
         return (made, timers)
@@ -201,11 +235,16 @@ final class PoolPoller: @unchecked Sendable {
     }
 
     /// Wakes the holder so that it looks again, or, when nobody holds the
-    /// poller, a parked worker (or a new one) so that somebody does.
+    /// poller, a parked worker (or a new one) so that somebody does. On a
+    /// worker of the pool while hand-offs are backed off (see `release`),
+    /// nobody: that worker is back at the poller when its unit ends (a
+    /// repeating timer scheduled again by its own call, a source made by
+    /// an item), as it would be after a skipped hand-off, and the same
+    /// bound holds if the unit runs long.
     private func needsHolder() {
         if AtomicMemory.load(from: holdWord, ordering: .sequentiallyConsistent) != 0 {
             wake()
-        } else {
+        } else if AtomicMemory.load(from: handOffBackoff, ordering: .relaxed) == 0 || !pool.isWorkerThread {
             pool.wakeForPoller()
         }
     }
@@ -221,7 +260,10 @@ final class PoolPoller: @unchecked Sendable {
     func pollIfUnheld() -> Bool {
         guard wantsHolder, tryHold() else { return false }
         let ran = waitAndDispatch(block: false)
-        release()
+        // What it found waited with nobody at the poller: hand-offs are
+        // eager again from now on.
+        if ran { resetHandOffBackoff() }
+        release(handingOff: false)
         return ran
     }
 
@@ -248,17 +290,98 @@ final class PoolPoller: @unchecked Sendable {
             && AtomicMemory.compareAndSwap(expected: 0, desired: 1, at: holdWord, ordering: .acquiring)
     }
 
-    /// Gives the poller up, and hands it on (the eager hand-off): if
-    /// something is watched, wakes a parked worker, or starts one within the
-    /// pool's width, to hold it. The sequentially consistent store pairs
-    /// with the parking worker's, which adds itself to the idle list under
-    /// the pool's lock and then tries to hold: either the waker finds it
-    /// idle, or it finds the poller free. With every permit taken the
-    /// waker does nothing, and the pool's monitor polls instead.
-    func release() {
+    /// Gives the poller up, and hands it on: if something is watched, pokes
+    /// a parked worker, or starts one within the pool's width, to hold it.
+    /// The sequentially consistent store pairs with the parking worker's,
+    /// which adds itself to the idle list under the pool's lock and then
+    /// tries to hold: either the waker finds it idle, or it finds the
+    /// poller free. With every permit taken the waker does nothing, and the
+    /// pool's monitor polls instead.
+    ///
+    /// `handingOff`: a worker leaves the poller to run what it found (or
+    /// goes on searching after a look without waiting). Its hand-off is
+    /// eager (Tokio 1.52, tokio-rs/tokio#8010) while hand-offs prove
+    /// useful, and backs off while they do not:
+    /// - A hand-off is *useful* when the worker that took the poller over
+    ///   ran something it found before the leaver came back
+    ///   (`holderDispatched`), *wasted* when the leaver came back first
+    ///   (`leaverReturned`, with the ticket this returns): its calls were
+    ///   short, and the wake-up bought nothing.
+    /// - Wasted hand-offs back off as the pool's slot announcements do
+    ///   (`NextUnitSlot.announcesFill`): one made in 2, then in 4, 8, 16,
+    ///   up to one in `maximumHandOffBackoff + 1`. A useful one, or a look
+    ///   that finds events that waited with nobody at the poller (a
+    ///   worker's look without waiting, the monitor's), makes them eager
+    ///   again.
+    /// So short calls (a timer's tick) cost one wake-up per event, not two,
+    /// and calls that let others' events come meanwhile keep a holder at
+    /// the poller. While backed off, an event that comes during a long call
+    /// waits for the call's end or the monitor's next look (10 ms), once.
+    ///
+    /// Returns the hand-off's ticket (0: none made).
+    @discardableResult
+    func release(handingOff: Bool = true) -> Int {
         AtomicMemory.store(0, to: holdWord, ordering: .sequentiallyConsistent)
-        if wantsHolder { pool.wakeForPoller() }
+        guard wantsHolder else { return 0 }
+        guard handingOff else {
+            pool.wakeForPoller()
+            return 0
+        }
+        guard handOffDue() else { return 0 }
+        // Pending before the wake-up, so that the woken holder finds it;
+        // withdrawn if nobody was woken (no permit free, a holder already
+        // on its way): no wake-up, nothing to judge.
+        let ticket = AtomicMemory.add(1, to: handOffCount, ordering: .relaxed) &+ 1
+        AtomicMemory.store(ticket, to: pendingHandOff, ordering: .relaxed)
+        if pool.wakeForPoller() { return ticket }
+        _ = AtomicMemory.compareAndSwap(expected: ticket, desired: 0, at: pendingHandOff, ordering: .relaxed)
+        return 0
     }
+
+    /// The most hand-offs skipped between two made: a pool whose hand-offs
+    /// keep being wasted still makes one in 65, to find out whether its
+    /// calls have grown long.
+    static let maximumHandOffBackoff = 64
+
+    /// Whether this hand-off is made (see `release`).
+    private func handOffDue() -> Bool {
+        let backoff = AtomicMemory.load(from: handOffBackoff, ordering: .relaxed)
+        if backoff == 0 { return true }
+        let skipped = AtomicMemory.add(1, to: handOffsSkipped, ordering: .relaxed)
+        if skipped <= backoff { return false }
+        AtomicMemory.store(0, to: handOffsSkipped, ordering: .relaxed)
+        return true
+    }
+
+    /// A holder's wait ran something: if a hand-off is pending, it was
+    /// useful, and hand-offs are eager again.
+    func holderDispatched() {
+        guard AtomicMemory.load(from: pendingHandOff, ordering: .relaxed) != 0,
+              AtomicMemory.exchange(0, at: pendingHandOff, ordering: .relaxed) != 0
+        else { return }
+        resetHandOffBackoff()
+    }
+
+    /// The worker that made hand-off `ticket` is back at the poller (or
+    /// looks at it) before the holder it woke ran anything: the hand-off
+    /// was wasted, and the next ones back off further.
+    func leaverReturned(_ ticket: Int) {
+        guard AtomicMemory.load(from: pendingHandOff, ordering: .relaxed) == ticket,
+              AtomicMemory.compareAndSwap(expected: ticket, desired: 0, at: pendingHandOff, ordering: .relaxed)
+        else { return }
+        let backoff = AtomicMemory.load(from: handOffBackoff, ordering: .relaxed)
+        AtomicMemory.store(min(backoff * 2 + 1, Self.maximumHandOffBackoff), to: handOffBackoff, ordering: .relaxed)
+    }
+
+    /// Hand-offs are eager again (see `release`).
+    func resetHandOffBackoff() {
+        if AtomicMemory.load(from: handOffBackoff, ordering: .relaxed) != 0 {
+            AtomicMemory.store(0, to: handOffBackoff, ordering: .relaxed)
+        }
+    }
+
+    /// The hand-offs' current back-off (tests).
+    var handOffBackoffForTesting: Int { AtomicMemory.load(from: handOffBackoff, ordering: .relaxed) }
 
     /// Holder only: waits for a report, a due timer, a wake or `notAfter`
     /// (`block` false: only looks), then runs the handlers of what it found
@@ -311,5 +434,8 @@ final class PoolPoller: @unchecked Sendable {
         state = nil
         AtomicMemory.store(0, to: holdWord, ordering: .relaxed)
         AtomicMemory.store(0, to: watchCount, ordering: .relaxed)
+        AtomicMemory.store(0, to: handOffBackoff, ordering: .relaxed)
+        AtomicMemory.store(0, to: handOffsSkipped, ordering: .relaxed)
+        AtomicMemory.store(0, to: pendingHandOff, ordering: .relaxed)
     }
 }

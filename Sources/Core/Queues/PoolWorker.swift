@@ -24,7 +24,8 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     /// The worker's own units: it pushes and pops without a lock, others
     /// steal the older half.
     let ring = StealableRing()
-    /// 0 running, 1 parked (futex word).
+    /// 0 running, 1 parked, 2 parked and asked to look at the pool's
+    /// poller (`pokeForPoller`). The futex word.
     private let parkWord: UnsafeMutablePointer<UInt32>
     /// What the worker is doing, for the pool's monitor (see `Progress`):
     /// written by the worker alone, relaxed, read by the monitor.
@@ -47,6 +48,12 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     /// (parked, holding the poller): a blocking wait announced meanwhile
     /// gives back no permit. Owner thread only.
     private var dispatchingWhileParked = false
+    /// The ticket of this worker's last hand-off of the poller, until it
+    /// comes back (`returnFromHandOff`); 0 for none. Owner only.
+    private var handOffTicket = 0
+    /// `dispatchingWhileParked`, for the pool's submission path on this
+    /// worker's own thread.
+    var isDispatchingWhileParked: Bool { dispatchingWhileParked }
     /// Whether `willBlock` gave a permit back, for `didUnblock`. Owner only.
     private var gaveUpPermit = false
     /// Looks since the last fair look (the poller, then the injector,
@@ -397,10 +404,25 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     /// worker is busy, and when the worker runs out of work, before it
     /// spins. Returns whether it ran anything.
     private func pollWithoutBlocking() -> Bool {
-        guard let poller = withPool({ $0.poller }), poller.isWatching, poller.tryHold() else { return false }
+        guard let poller = withPool({ $0.poller }), poller.isWatching else { return false }
+        returnFromHandOff(poller)
+        guard poller.tryHold() else { return false }
         let ran = poller.waitAndDispatch(block: false)
-        poller.release()
+        // What it found waited with nobody at the poller: hand-offs are
+        // eager again (see `PoolPoller.release`).
+        if ran { poller.resetHandOffBackoff() }
+        handOffTicket = poller.release()
         return ran
+    }
+
+    /// Back at the poller (a look, or parking) after handing it off: tells
+    /// it, so that a hand-off whose new holder ran nothing meanwhile counts
+    /// as wasted (`PoolPoller.leaverReturned`).
+    @inline(__always)
+    private func returnFromHandOff(_ poller: PoolPoller) {
+        guard handOffTicket != 0 else { return }
+        poller.leaverReturned(handOffTicket)
+        handOffTicket = 0
     }
 
     @inline(__always)
@@ -566,13 +588,24 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         if stealStaleSlot(others) && reclaimPermit() { return true }
         let futex = Futex(parkWord)
         var deadline: MonotonicClock.Instant? = spare ? MonotonicClock.now.advanced(by: WorkerPool.idleExit) : nil
-        while AtomicMemory.load(from: parkWord, ordering: .acquiring) == 1 {
+        if let poller = pool.poller { returnFromHandOff(poller) }
+        while true {
+            let word = AtomicMemory.load(from: parkWord, ordering: .acquiring)
+            if word == 0 { break }
+            // Poked (`pokeForPoller`): back to plainly parked before looking
+            // at the poller, so that a poke after the look ends the next
+            // futex wait at once rather than being lost. A compare-and-swap:
+            // a waker's 0 must stay.
+            if word == 2 {
+                _ = AtomicMemory.compareAndSwap(expected: 2, desired: 1, at: parkWord, ordering: .relaxed)
+            }
             var timedOut = false
             // Wait in the pool's poller if anything is watched and nobody
             // else waits there (a spare worker too, until its deadline).
             if let poller = pool.poller, poller.isWatching, poller.tryHold() {
                 let outcome = holdPoller(poller, until: deadline)
-                poller.release()
+                // Leaving to run what it found: the (eager) hand-off.
+                handOffTicket = poller.release(handingOff: outcome == .running)
                 if outcome == .running { break }
                 if outcome == .parkOn { continue }
                 timedOut = true
@@ -623,6 +656,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
             dispatchingWhileParked = true
             let ran = poller.waitAndDispatch(block: true, notAfter: deadline)
             dispatchingWhileParked = false
+            if ran { poller.holderDispatched() }
             AtomicMemory.store(0, to: pollingWord, ordering: .sequentiallyConsistent)
             if AtomicMemory.load(from: parkWord, ordering: .acquiring) == 0 { return .running }
             if ran && (slot.isFullForOwner || !ring.isEmptyForOwner) {
@@ -650,7 +684,11 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         AtomicMemory.add(1, to: pool.active, ordering: .sequentiallyConsistent)
         AtomicMemory.add(1, to: pool.searching, ordering: .sequentiallyConsistent)
         AtomicMemory.store(0, to: parkWord, ordering: .relaxed)
+        // A worker runs: the monitor watches it (and the poller it left),
+        // as after any wake-up with a permit (`WorkerPool.wakeOne`).
+        let startMonitor = pool.monitor.armIfAsleep()
         pool.lock.unlock()
+        if startMonitor { pool.monitor.startThread() }
         isSearching = true
         return true
     }
@@ -712,6 +750,23 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         } else {
             Futex(parkWord).wake()
         }
+    }
+
+    /// Asks this parked worker to take the pool's poller, without a permit:
+    /// it leaves its futex wait, takes the poller if nobody holds it, and
+    /// waits there, still parked (the eager hand-off, see `PoolPoller`).
+    /// Nothing of a wake-up with a permit (searching, spinning, parking
+    /// again) is paid for it. The pool's lock is held, and the worker is on
+    /// the idle list, so parked (1 or 2). Returns false if it was poked
+    /// already. The caller wakes its futex (`wakeAfterPoke`) once it has
+    /// let the lock go.
+    func pokeForPoller() -> Bool {
+        AtomicMemory.compareAndSwap(expected: 1, desired: 2, at: parkWord, ordering: .sequentiallyConsistent)
+    }
+
+    /// The futex wake of a poke (`pokeForPoller`).
+    func wakeAfterPoke() {
+        Futex(parkWord).wake()
     }
 
     /// Whether the worker waits in the pool's poller (stale at once).

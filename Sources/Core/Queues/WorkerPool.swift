@@ -226,7 +226,12 @@ final class WorkerPool: PoolPoller.Workers, @unchecked Sendable {
         if lane == Self.defaultLane, let worker = PoolWorker.current(in: self) {
             let filledSlot = worker._withUnsafeGuaranteedRef { $0.pushLocal(unit.take().unsafelyUnwrapped, mayUseSlot: !shared) }
             if filledSlot {
-                guard worker._withUnsafeGuaranteedRef({ $0.slot.announcesFill() }) else { return }
+                // A parked worker dispatching the poller's events runs the
+                // unit itself as soon as it has taken a permit back
+                // (`PoolWorker.holdPoller`), a wake-up sooner than anyone
+                // woken for it: no announcement.
+                guard worker._withUnsafeGuaranteedRef({ !$0.isDispatchingWhileParked && $0.slot.announcesFill() })
+                else { return }
                 // The fill's store before the loads of the wake-up check
                 // (see `NextUnitSlot.fill`).
                 memoryBarrier()
@@ -262,30 +267,52 @@ final class WorkerPool: PoolPoller.Workers, @unchecked Sendable {
             && AtomicMemory.load(from: active, ordering: .sequentiallyConsistent) < width
     }
 
-    /// The poller needs a holder (`PoolPoller.Workers`): wakes an idle
-    /// worker, or starts one, if a permit is free, even while another worker
-    /// searches: a searcher may find work and run it instead of parking
-    /// into the poller, and the holder that hands the poller on (the eager
-    /// hand-off, `PoolPoller.release`) is itself a searcher about to run
-    /// what it found. With every permit taken this is one load and no lock
-    /// (a busy worker's poll at its fair look ends here).
-    func wakeForPoller() {
-        guard AtomicMemory.load(from: active, ordering: .sequentiallyConsistent) < width else { return }
-        wakeOne(evenIfSearching: true)
+    /// The poller needs a holder (`PoolPoller.Workers`), and a permit is
+    /// free: pokes a parked worker (`PoolWorker.pokeForPoller`), which
+    /// leaves its futex for the poller and stays parked, with no permit, no
+    /// search and no spin; with none parked, starts a worker within the
+    /// width. Even while another worker searches: a searcher may find work
+    /// and run it instead of parking into the poller, and the holder that
+    /// hands the poller on (the eager hand-off, `PoolPoller.release`) is
+    /// itself a searcher about to run what it found. With every permit
+    /// taken this is one load and no lock (a busy worker's poll at its fair
+    /// look ends here).
+    @discardableResult
+    func wakeForPoller() -> Bool {
+        guard AtomicMemory.load(from: active, ordering: .sequentiallyConsistent) < width else { return false }
+        lock.lock()
+        if let worker = lastIdleNotPolling() {
+            // Idle-listed under the lock: parked, so the poke cannot miss
+            // (false only if it was poked already and is on its way).
+            let poked = worker.pokeForPoller()
+            lock.unlock()
+            if poked { worker.wakeAfterPoke() }
+            return poked
+        }
+        // Nobody parked but perhaps a holder: nothing to do; or nobody at
+        // all yet: a new worker, which parks into the poller.
+        let nobodyIdle = idle.isEmpty
+        lock.unlock()
+        return nobodyIdle && wakeOne(evenIfSearching: true)
     }
+
+    /// Whether the calling thread is one of this pool's workers
+    /// (`PoolPoller.Workers`).
+    var isWorkerThread: Bool { PoolWorker.current(in: self) != nil }
 
     /// Under the lock, re-checks and hands a permit to an idle worker, or
     /// starts a worker when none is idle. `filler`: the worker whose slot
     /// was just filled, if that is why (see `PoolWorker.wakeHint`).
     /// `evenIfSearching`: wake although a worker is searching (for the
-    /// poller, see `wakeForPoller`).
-    func wakeOne(forSlotOf filler: PoolWorker? = nil, evenIfSearching: Bool = false) {
+    /// poller, see `wakeForPoller`). Returns whether it woke or started one.
+    @discardableResult
+    func wakeOne(forSlotOf filler: PoolWorker? = nil, evenIfSearching: Bool = false) -> Bool {
         lock.lock()
         guard evenIfSearching || AtomicMemory.load(from: searching, ordering: .relaxed) == 0,
               AtomicMemory.load(from: active, ordering: .relaxed) < width
         else {
             lock.unlock()
-            return
+            return false
         }
         let hint = filler.flatMap { filler in filler.slot.fullWord.map { (filler, $0) } }
         if let worker = takeIdleWorker() {
@@ -309,7 +336,21 @@ final class WorkerPool: PoolPoller.Workers, @unchecked Sendable {
             if startMonitor { monitor.startThread() }
         } else {
             lock.unlock()
+            return false
         }
+        return true
+    }
+
+    /// The idle worker parked last that does not wait in the poller, under
+    /// the lock; nil if none. (A plain index loop: this runs in a child
+    /// after `fork()` too.)
+    private func lastIdleNotPolling() -> PoolWorker? {
+        var i = idle.count - 1
+        while i >= 0 {
+            if !idle[i].isPolling { return idle[i] }
+            i -= 1
+        }
+        return nil
     }
 
     /// The idle worker to wake, under the lock: the one parked last, but

@@ -1,0 +1,147 @@
+// The poller's hand-off and its back-off (`PoolPoller.release`), on a
+// poller of its own over a stand-in pool that counts what it is asked: a
+// hand-off is eager until one is wasted (its leaver came back before the
+// new holder ran anything), backs off doubling while they are wasted, and
+// is eager again after a useful one or a look that found events waiting.
+@testable import Spindle
+import Testing
+import TestSupport
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A pool that counts the poller's requests for a holder.
+private final class CountingWorkers: PoolPoller.Workers, @unchecked Sendable {
+    let wakes = LockedValue(0)
+    let onWorkerThread = LockedValue(false)
+    func wakeForPoller() -> Bool {
+        wakes.withLock { $0 += 1 }
+        return true
+    }
+    var isWorkerThread: Bool { onWorkerThread.withLock { $0 } }
+}
+
+/// A pipe whose read end a poller watches.
+private struct WatchedPipe {
+    let readEnd: Int32
+    let writeEnd: Int32
+    func close() {
+        _ = Glibc.close(readEnd)
+        _ = Glibc.close(writeEnd)
+    }
+}
+
+/// A poller over `workers` that watches a pipe's read end (so that it
+/// wants a holder whenever nobody holds it), and the pipe.
+private func watchingPoller(_ workers: CountingWorkers) throws -> (PoolPoller, WatchedPipe) {
+    let poller = PoolPoller(pool: workers)
+    var fds: [Int32] = [0, 0]
+    try #require(pipe(&fds) == 0)
+    let watched = WatchedPipe(readEnd: fds[0], writeEnd: fds[1])
+    _ = try poller.register(watched.readEnd, for: .readable) { _ in }
+    return (poller, watched)
+}
+
+/// Holds the poller, leaves to run what it found, and comes back before
+/// anyone ran anything: one wasted hand-off if one was made. Returns
+/// whether a hand-off was made (the stand-in pool was asked).
+private func leaveAndComeBack(_ poller: PoolPoller, _ workers: CountingWorkers) -> Bool {
+    let before = workers.wakes.withLock { $0 }
+    #expect(poller.tryHold())
+    let ticket = poller.release()
+    let asked = workers.wakes.withLock { $0 } > before
+    #expect(asked == (ticket != 0), "a ticket is handed out exactly when a holder is asked for")
+    if ticket != 0 { poller.leaverReturned(ticket) }
+    return asked
+}
+
+@Suite("Event driver: the poller's hand-off")
+struct PoolPollerHandOffTests {
+    /// Wasted hand-offs space the next ones out: after the first, one in
+    /// 2, then 4, 8 ... up to one in `maximumHandOffBackoff + 1`, and never
+    /// fewer. Over 1,000 leaves that each come back at once, 1 + log2(64)
+    /// hand-offs ramp up and then one per 65 leaves: about 20, against
+    /// 1,000 if every one were eager.
+    @Test func wastedHandOffsBackOffUpToTheBound() throws {
+        let workers = CountingWorkers()
+        let (poller, watched) = try watchingPoller(workers)
+        defer { watched.close() }
+        var made: [Int] = []
+        for leave in 0..<1000 where leaveAndComeBack(poller, workers) { made.append(leave) }
+        #expect(made.first == 0, "the first hand-off is eager")
+        let gaps = zip(made.dropFirst(), made).map { $0 - $1 }
+        #expect(gaps.prefix(7) == [2, 4, 8, 16, 32, 64, 65], "gaps \(gaps.prefix(10))")
+        #expect(gaps.dropFirst(6).allSatisfy { $0 == PoolPoller.maximumHandOffBackoff + 1 }, "gaps \(gaps)")
+        #expect(poller.handOffBackoffForTesting == PoolPoller.maximumHandOffBackoff)
+    }
+
+    /// A hand-off whose new holder ran something before its leaver came
+    /// back was useful: the next hand-off is eager again, and the leaver's
+    /// late return does not count it as wasted.
+    @Test func aUsefulHandOffMakesTheNextOneEager() throws {
+        let workers = CountingWorkers()
+        let (poller, watched) = try watchingPoller(workers)
+        defer { watched.close() }
+        for _ in 0..<20 { _ = leaveAndComeBack(poller, workers) }
+        #expect(poller.handOffBackoffForTesting > 0)
+        // Leave until a hand-off is made; the new holder runs something.
+        var ticket = 0
+        for _ in 0..<(PoolPoller.maximumHandOffBackoff + 1) where ticket == 0 {
+            #expect(poller.tryHold())
+            ticket = poller.release()
+        }
+        try #require(ticket != 0, "no hand-off in \(PoolPoller.maximumHandOffBackoff + 1) leaves")
+        poller.holderDispatched()
+        poller.leaverReturned(ticket)
+        #expect(poller.handOffBackoffForTesting == 0)
+        #expect(leaveAndComeBack(poller, workers), "the hand-off after a useful one is eager")
+    }
+
+    /// Events found by a look at a poller nobody held waited for want of a
+    /// holder: hand-offs are eager again. A release that is no hand-off
+    /// (the monitor's, a holder that parks on) always asks for a holder.
+    @Test func eventsFoundUnattendedAndPlainReleases() throws {
+        let workers = CountingWorkers()
+        let (poller, watched) = try watchingPoller(workers)
+        defer { watched.close() }
+        for _ in 0..<20 { _ = leaveAndComeBack(poller, workers) }
+        let backedOff = poller.handOffBackoffForTesting
+        #expect(backedOff > 0)
+        for _ in 0..<5 {
+            let before = workers.wakes.withLock { $0 }
+            #expect(poller.tryHold())
+            #expect(poller.release(handingOff: false) == 0)
+            #expect(workers.wakes.withLock { $0 } == before + 1, "a plain release asks for a holder")
+        }
+        #expect(poller.handOffBackoffForTesting == backedOff, "plain releases do not move the back-off")
+        #expect(write(watched.writeEnd, "x", 1) == 1)
+        #expect(poller.pollIfUnheld(), "the monitor's look found the pipe readable")
+        #expect(poller.handOffBackoffForTesting == 0)
+    }
+
+    /// A timer scheduled while nobody holds the poller asks for a holder,
+    /// except from a worker of the pool while hand-offs are backed off:
+    /// that worker comes back to the poller when its unit ends.
+    @Test func aNewFirstDeadlineFromABackedOffWorkerAsksForNobody() throws {
+        let workers = CountingWorkers()
+        let (poller, watched) = try watchingPoller(workers)
+        defer { watched.close() }
+        func asks() -> Bool {
+            let before = workers.wakes.withLock { $0 }
+            poller.timersChanged(added: 0, newFirst: true)
+            return workers.wakes.withLock { $0 } > before
+        }
+        #expect(asks(), "eager: asked from any thread")
+        workers.onWorkerThread.withLock { $0 = true }
+        #expect(asks(), "eager: asked from a worker too")
+        for _ in 0..<20 { _ = leaveAndComeBack(poller, workers) }
+        #expect(!asks(), "backed off, from a worker: nobody asked")
+        workers.onWorkerThread.withLock { $0 = false }
+        #expect(asks(), "backed off, from another thread: asked")
+        // While somebody holds the poller, the holder is woken instead.
+        #expect(poller.tryHold())
+        #expect(!asks())
+        poller.release(handingOff: false)
+    }
+}
