@@ -45,6 +45,7 @@ import Synchronization
 /// wake-up late (tens of microseconds on a VM, a few on bare metal), as
 /// Dispatch's do, for one wake-up of CPU. A loop's timers spin the learned
 /// lead and fire within microseconds.
+///
 /// Every kind of queue source waits here: descriptors, timers (the
 /// `TimerQueue` heap), process exits (their pidfds), and the process-wide
 /// descriptors of the queue sources' signal and file-system registries
