@@ -33,6 +33,30 @@ import CShims
 enum PortWire {
     static let magic: UInt32 = 0x504E_5053
 
+    /// Registers, once per process (the first port made), a `fork()`
+    /// prepare handler that encodes and decodes a small envelope in the
+    /// parent just before each fork. A child's first request runs this
+    /// code at once; in a debug build its generic code makes metadata and
+    /// looks up conformances (an array of bytes as a `MutableCollection`)
+    /// under the Swift runtime's locks the first time it runs, and a child
+    /// forked while a parent thread was making its first request, holding
+    /// such a lock, waited for it forever (seen: a child hung in
+    /// `swift_getWitnessTable` under `append(_:to:)`). Run in the parent,
+    /// the handler waits for that thread instead, and the child finds the
+    /// caches filled (`ForkHandlers.makeMetadata`). A few microseconds per
+    /// fork.
+    static let forkWarmUpRegistered: Void = {
+        ForkHandlers.register(.ports, prepare: { PortWire.warmUpForFork() }, child: { _ in })
+    }()
+
+    /// Encodes and decodes a one-component request (see
+    /// `forkWarmUpRegistered`).
+    private static func warmUpForFork() {
+        guard let record = try? encode(PortEnvelope(id: 1, components: [.bytes([1])]), kind: .request, sequence: 1)
+        else { return }
+        record.bytes.withUnsafeBytes { buffer in _ = try? decode(buffer, count: buffer.count, fds: []) }
+    }
+
     enum Kind: UInt8 {
         case oneWay = 0
         case request = 1

@@ -152,6 +152,7 @@ public final class RemotePort: @unchecked Sendable {
     /// deinitialized); `reconnection` is how a child process gets a
     /// connection of its own.
     init(adopting fd: Int32, name: String?, transport: Transport = .local, reconnection: Reconnection? = nil) {
+        _ = PortWire.forkWarmUpRegistered
         state = State(fd: fd, pid: getpid())
         self.name = name
         self.transport = transport

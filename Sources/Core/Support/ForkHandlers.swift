@@ -62,6 +62,8 @@ enum ForkHandlers {
         /// Event sources: the reactor, the process-wide registries, the
         /// queue timers' heap.
         case eventSources
+        /// Ports: the wire format's generic code (`PortWire`).
+        case ports
     }
 
     /// One registration.
