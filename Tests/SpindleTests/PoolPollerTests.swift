@@ -135,30 +135,14 @@ struct PoolPollerTests {
 /// The voluntary context switches of this process's pool workers (threads
 /// named "spindle.std"), summed.
 private func workerSwitches() -> Int {
-    guard let dir = opendir("/proc/self/task") else { return 0 }
-    defer { closedir(dir) }
     var total = 0
-    while let entry = readdir(dir) {
-        let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
-        guard let tid = Int32(name), let comm = procFileText("/proc/self/task/\(tid)/comm"),
-              comm.hasPrefix("spindle.std"), let status = largeProcFileText("/proc/self/task/\(tid)/status")
-        else { continue }
+    for thread in currentThreads() where thread.name.hasPrefix("spindle.std") {
+        guard let status = procFileText("/proc/self/task/\(thread.id)/status", capacity: 16 * 1024) else { continue }
         for line in status.split(separator: "\n") where line.hasPrefix("voluntary_ctxt_switches:") {
             total += Int(line.split(separator: "\t").last ?? "") ?? 0
         }
     }
     return total
-}
-
-/// The text of a /proc file of up to 16 KiB (a thread's status), or nil.
-private func largeProcFileText(_ path: String) -> String? {
-    let fd = open(path, O_RDONLY)
-    guard fd >= 0 else { return nil }
-    defer { close(fd) }
-    var buffer = [UInt8](repeating: 0, count: 16 * 1024)
-    let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-    guard n > 0 else { return nil }
-    return String(decoding: buffer[0..<n], as: UTF8.self)
 }
 
 /// `aTimerWithAShortCallWakesTheWorkersOncePerFiring` in its own process:
@@ -189,15 +173,20 @@ private func timerWakeUpsPerFiring() -> Int32 {
 
 /// The names of this process's threads now.
 private func currentThreadNames() -> [String] {
+    currentThreads().map(\.name)
+}
+
+/// This process's threads now: their kernel ids and names.
+private func currentThreads() -> [(id: Int32, name: String)] {
     guard let dir = opendir("/proc/self/task") else { return [] }
     defer { closedir(dir) }
-    var names: [String] = []
+    var threads: [(id: Int32, name: String)] = []
     while let entry = readdir(dir) {
         let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
         guard let tid = Int32(name), let comm = procFileText("/proc/self/task/\(tid)/comm") else { continue }
-        names.append(comm.filter { $0 != "\n" })
+        threads.append((tid, comm.filter { $0 != "\n" }))
     }
-    return names
+    return threads
 }
 
 /// `aQueueOnlyProgramRunsNoReactorThread` in its own process: 0, or the

@@ -46,14 +46,12 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
     private let pollingWord: UnsafeMutablePointer<UInt32>
     /// True while the worker runs event handlers' merges without a permit
     /// (parked, holding the poller): a blocking wait announced meanwhile
-    /// gives back no permit. Owner thread only.
-    private var dispatchingWhileParked = false
+    /// gives back no permit. Owner thread only (the pool's submission path
+    /// reads it on this worker's own thread).
+    private(set) var dispatchingWhileParked = false
     /// The ticket of this worker's last hand-off of the poller, until it
     /// comes back (`returnFromHandOff`); 0 for none. Owner only.
     private var handOffTicket = 0
-    /// `dispatchingWhileParked`, for the pool's submission path on this
-    /// worker's own thread.
-    var isDispatchingWhileParked: Bool { dispatchingWhileParked }
     /// Whether `willBlock` gave a permit back, for `didUnblock`. Owner only.
     private var gaveUpPermit = false
     /// Looks since the last fair look (the poller, then the injector,

@@ -230,7 +230,7 @@ final class WorkerPool: PoolPoller.Workers, @unchecked Sendable {
                 // unit itself as soon as it has taken a permit back
                 // (`PoolWorker.holdPoller`), a wake-up sooner than anyone
                 // woken for it: no announcement.
-                guard worker._withUnsafeGuaranteedRef({ !$0.isDispatchingWhileParked && $0.slot.announcesFill() })
+                guard worker._withUnsafeGuaranteedRef({ !$0.dispatchingWhileParked && $0.slot.announcesFill() })
                 else { return }
                 // The fill's store before the loads of the wake-up check
                 // (see `NextUnitSlot.fill`).
@@ -281,7 +281,8 @@ final class WorkerPool: PoolPoller.Workers, @unchecked Sendable {
     func wakeForPoller() -> Bool {
         guard AtomicMemory.load(from: active, ordering: .sequentiallyConsistent) < width else { return false }
         lock.lock()
-        if let worker = lastIdleNotPolling() {
+        if let i = lastIdleIndexNotPolling() {
+            let worker = idle[i]
             // Idle-listed under the lock: parked, so the poke cannot miss
             // (false only if it was poked already and is on its way).
             let poked = worker.pokeForPoller()
@@ -341,13 +342,13 @@ final class WorkerPool: PoolPoller.Workers, @unchecked Sendable {
         return true
     }
 
-    /// The idle worker parked last that does not wait in the poller, under
-    /// the lock; nil if none. (A plain index loop: this runs in a child
-    /// after `fork()` too.)
-    private func lastIdleNotPolling() -> PoolWorker? {
+    /// The index of the idle worker parked last that does not wait in the
+    /// poller, under the lock; nil if none. (A plain index loop: this runs
+    /// in a child after `fork()` too.)
+    private func lastIdleIndexNotPolling() -> Int? {
         var i = idle.count - 1
         while i >= 0 {
-            if !idle[i].isPolling { return idle[i] }
+            if !idle[i].isPolling { return i }
             i -= 1
         }
         return nil
@@ -358,15 +359,8 @@ final class WorkerPool: PoolPoller.Workers, @unchecked Sendable {
     /// watching the kernel to run the work). Nil if none is idle.
     /// (Plain index loops: this runs in a child after `fork()` too.)
     private func takeIdleWorker() -> PoolWorker? {
-        let last = idle.count - 1
-        guard last >= 0 else { return nil }
-        if idle[last].isPolling {
-            var i = last - 1
-            while i >= 0 {
-                if !idle[i].isPolling { return idle.remove(at: i) }
-                i -= 1
-            }
-        }
+        guard !idle.isEmpty else { return nil }
+        if let i = lastIdleIndexNotPolling() { return idle.remove(at: i) }
         return idle.removeLast()
     }
 
