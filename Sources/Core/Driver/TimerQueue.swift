@@ -206,6 +206,11 @@ final class TimerQueue: PoolPoller.Timers, @unchecked Sendable {
         ForkHandlers.makeConformance(rangeReplaceable: [ByDue].self)
         ForkHandlers.makeConformance(mutable: [ByLatest].self)
         ForkHandlers.makeConformance(mutable: [ByDue].self)
+        // `removeAll(keepingCapacity:)` looks up the arrays' random-access
+        // conformance, and with it the bidirectional one (a forked child
+        // hung there in a TSan pass, 2026-11-28).
+        ForkHandlers.makeConformance(randomAccess: [ByLatest].self)
+        ForkHandlers.makeConformance(randomAccess: [ByDue].self)
     }
 
     /// In a child after `fork()`: the parent's timer sources are not the

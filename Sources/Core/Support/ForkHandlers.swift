@@ -149,6 +149,7 @@ enum ForkHandlers {
     @inline(never) static func makeConformance<T: Sequence>(sequence type: T.Type) {}
     @inline(never) static func makeConformance<T: Collection>(collection type: T.Type) {}
     @inline(never) static func makeConformance<T: BidirectionalCollection>(bidirectional type: T.Type) {}
+    @inline(never) static func makeConformance<T: RandomAccessCollection>(randomAccess type: T.Type) {}
     @inline(never) static func makeConformance<T: MutableCollection>(mutable type: T.Type) {}
     @inline(never) static func makeConformance<T: RangeReplaceableCollection>(rangeReplaceable type: T.Type) {}
     @inline(never) static func makeConformance<T: BinaryInteger>(binaryInteger type: T.Type) {}
