@@ -144,4 +144,88 @@ struct PoolPollerHandOffTests {
         #expect(!asks())
         poller.release(handingOff: false)
     }
+
+    /// In a process of its own, on the standard pool's poller: a read
+    /// source on a queue whose call is short. Each event is written only
+    /// once the one before was handled, its hand-off judged and a worker
+    /// waits in the poller again, so no event ever comes while a new
+    /// holder waits: every hand-off made is wasted (its leaver is back
+    /// first), and they back off as `wastedHandOffsBackOffUpToTheBound`
+    /// shows over a stand-in pool. 150 events end with the back-off at its
+    /// bound and about 9 hand-offs made: each event passes the back-off
+    /// twice (its holder leaves to run it, then looks without waiting once
+    /// it ran), so tickets go out at passes 1, 3, 7 ... 127, 192, 257 (a
+    /// hand-off withdrawn for want of a worker to wake is not one). With
+    /// every hand-off eager it is over 200, and with the leavers' returns
+    /// never judged the hand-offs stay pending (both mutations seen to
+    /// fail). The machine's load cannot change the outcome, since what
+    /// makes a hand-off useful (an event while the new holder waits) never
+    /// happens here, and an event is written only once a worker sleeps in
+    /// the poller's wait: a look without waiting that found it would count
+    /// it as one that waited with nobody at the poller, as it rightly does
+    /// for a worker back after a timer's next deadline on a loaded machine
+    /// (which made an earlier form of this test, wake-ups per firing of a
+    /// 2 ms timer, fail beside other suites). What the back-off saves, a
+    /// wake-up per event, is measured in Bench (`sources.timer.lateness`,
+    /// CPU per firing beside Dispatch).
+    @Test func shortCallsOnTheStandardPoolBackTheHandOffOff() async {
+        // The child exits normally whatever it found and says what: a
+        // failed exit test keeps no output.
+        let result = await #expect(processExitsWith: .success, observing: [\.standardOutputContent]) {
+            armHangAlarm(seconds: 60)
+            let failed = handOffsOfShortCalls()
+            print("check failed: \(failed)")
+            fflush(nil)
+            exit(0)
+        }
+        let said = String(decoding: result?.standardOutputContent ?? [], as: UTF8.self)
+        #expect(said.contains("check failed: 0\n"), "the child said: \(said)")
+    }
+}
+
+/// `shortCallsOnTheStandardPoolBackTheHandOffOff` in its own process: 0,
+/// or the number of the check that failed (its figures printed first).
+private func handOffsOfShortCalls() -> Int32 {
+    var fds: [Int32] = [0, 0]
+    guard pipe(&fds) == 0 else { return 1 }
+    let (readEnd, writeEnd) = (fds[0], fds[1])
+    let handled = Semaphore(value: 0)
+    guard let source = try? EventSource.read(descriptor: readEnd, on: .queue(WorkQueue(label: "handoff.short")))
+    else { return 2 }
+    source.setEventHandler { _ in
+        var byte: UInt8 = 0
+        if read(readEnd, &byte, 1) == 1 { handled.signal() }
+    }
+    source.activate()
+    guard let poller = WorkerPool.standard.poller else { return 3 }
+    // The last hand-off judged (or none pending) and a worker asleep in
+    // the poller's wait, within 10 s. (Not just holding it: a worker's look
+    // without waiting that found the next event would rightly count it as
+    // one that waited with nobody at the poller.)
+    func settled() -> Bool {
+        let start = MonotonicClock.now
+        while poller.handOffsForTesting.pending || !poller.holderSleepsForTesting {
+            if start.duration(to: MonotonicClock.now) > .seconds(10) {
+                print("not settled: pending \(poller.handOffsForTesting.pending), held \(poller.isHeld)")
+                return false
+            }
+            usleep(100)
+        }
+        return true
+    }
+    guard settled() else { return 4 }
+    let before = poller.handOffsForTesting.made
+    let events = 150
+    for _ in 0..<events {
+        guard write(writeEnd, "x", 1) == 1 else { return 5 }
+        guard handled.wait(timeout: .seconds(10)) == .completed else { return 6 }
+        guard settled() else { return 7 }
+    }
+    let made = poller.handOffsForTesting.made - before
+    let backoff = poller.handOffBackoffForTesting
+    print("\(made) hand-offs made for \(events) events; back-off \(backoff)")
+    guard backoff == PoolPoller.maximumHandOffBackoff else { return 8 }
+    guard made <= 20 else { return 9 }
+    source.cancel()
+    return 0
 }

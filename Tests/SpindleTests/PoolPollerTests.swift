@@ -115,90 +115,19 @@ struct PoolPollerTests {
         #expect(aDone.wait(timeout: .seconds(60)) == .completed)
         #expect(aFinished.withLock { $0 } == true, "B's handler did not run while A's computed")
     }
-
-    /// In a process of its own (no other test's work on the pool): a
-    /// repeating 2 ms queue timer whose call is short costs the pool's
-    /// workers one wake-up per firing, not two. The hand-offs made before
-    /// each call are wasted (the worker that left is back long before the
-    /// next firing) and back off, and the returning worker waits in the
-    /// poller again. Counted as the workers' voluntary context switches
-    /// per firing (the monitor's thread not included), in windows of 100
-    /// firings, up to four: one must stay under 1.5. With every hand-off
-    /// made every window is two per firing (seen before the back-off). A
-    /// loaded machine can spoil a window: a worker that comes back after
-    /// the next deadline finds the timer waiting unattended, which rightly
-    /// makes hand-offs eager again for a while (seen beside the fork
-    /// tests).
-    @Test func aTimerWithAShortCallWakesTheWorkersOncePerFiring() async {
-        await #expect(processExitsWith: .success) {
-            armHangAlarm(seconds: 60)
-            exit(timerWakeUpsPerFiring())
-        }
-    }
-}
-
-/// The voluntary context switches of this process's pool workers (threads
-/// named "spindle.std"), summed.
-private func workerSwitches() -> Int {
-    var total = 0
-    for thread in currentThreads() where thread.name.hasPrefix("spindle.std") {
-        guard let status = procFileText("/proc/self/task/\(thread.id)/status", capacity: 16 * 1024) else { continue }
-        for line in status.split(separator: "\n") where line.hasPrefix("voluntary_ctxt_switches:") {
-            total += Int(line.split(separator: "\t").last ?? "") ?? 0
-        }
-    }
-    return total
-}
-
-/// `aTimerWithAShortCallWakesTheWorkersOncePerFiring` in its own process:
-/// 0, or the number of the check that failed (its figure printed).
-private func timerWakeUpsPerFiring() -> Int32 {
-    let firings = LockedValue(0)
-    let ticks = Semaphore(value: 0)
-    let timer = EventSource.timer(
-        start: .monotonic(MonotonicClock.now.advanced(by: .milliseconds(2))), interval: .milliseconds(2),
-        leeway: .zero, on: .queue(WorkQueue(label: "poller.tick")))
-    timer.setEventHandler { source in
-        let count = Int(source.data)
-        let total = firings.withLock { $0 += count; return $0 }
-        // One signal per 100 firings crossed.
-        if total / 100 > (total - count) / 100 { ticks.signal() }
-    }
-    timer.activate()
-    defer { timer.cancel() }
-    // 100 firings of warm-up, then windows of 100: the steady state shows
-    // in a window the machine's load left alone (a worker back after the
-    // next deadline rightly makes hand-offs eager again for a while).
-    guard ticks.wait(timeout: .seconds(20)) == .completed else { return 1 }
-    var best = Double.infinity
-    for _ in 0..<4 {
-        let before = (switches: workerSwitches(), firings: firings.withLock { $0 })
-        guard ticks.wait(timeout: .seconds(20)) == .completed else { return 2 }
-        let after = (switches: workerSwitches(), firings: firings.withLock { $0 })
-        let perFiring = Double(after.switches - before.switches) / Double(max(after.firings - before.firings, 1))
-        print("pool workers' voluntary switches per firing: \(perFiring)")
-        best = min(best, perFiring)
-        if best < 1.5 { return 0 }
-    }
-    return 3
 }
 
 /// The names of this process's threads now.
 private func currentThreadNames() -> [String] {
-    currentThreads().map(\.name)
-}
-
-/// This process's threads now: their kernel ids and names.
-private func currentThreads() -> [(id: Int32, name: String)] {
     guard let dir = opendir("/proc/self/task") else { return [] }
     defer { closedir(dir) }
-    var threads: [(id: Int32, name: String)] = []
+    var names: [String] = []
     while let entry = readdir(dir) {
         let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
-        guard let tid = Int32(name), let comm = procFileText("/proc/self/task/\(tid)/comm") else { continue }
-        threads.append((tid, comm.filter { $0 != "\n" }))
+        guard Int32(name) != nil, let comm = procFileText("/proc/self/task/\(name)/comm") else { continue }
+        names.append(comm.filter { $0 != "\n" })
     }
-    return threads
+    return names
 }
 
 /// `aQueueOnlyProgramRunsNoReactorThread` in its own process: 0, or the

@@ -95,6 +95,13 @@ final class LoopWakeState: @unchecked Sendable {
         return leaveSleep()
     }
 
+    /// Whether the loop is in a sleep (the kernel's wait or the wake word's)
+    /// now, stale at once (tests).
+    var isSleepingForTesting: Bool {
+        let now = AtomicMemory.load(from: state, ordering: .relaxed)
+        return now == Self.sleepingInKernel || now == Self.sleepingOnFutex
+    }
+
     /// Called by a waker. Returns true when the caller must signal the
     /// kernel wait (write the eventfd); a futex sleeper is woken here.
     func requestWake() -> Bool {

@@ -129,13 +129,15 @@ final class PoolPoller: @unchecked Sendable {
     /// The hand-off's back-off (see `release`): hand-offs skipped between
     /// two made (0: every one is made), the count skipped since the last
     /// one, the ticket of the hand-off whose use is not known yet (0:
-    /// none), and the count of hand-offs made (tickets). Hints, relaxed,
+    /// none), the count of tickets handed out, and of those withdrawn
+    /// (nobody could be woken). Hints, relaxed,
     /// on a line of their own: written by workers as they leave the poller
     /// or come back, and by holders that ran something.
     private let handOffBackoff: UnsafeMutablePointer<Int>
     private let handOffsSkipped: UnsafeMutablePointer<Int>
     private let pendingHandOff: UnsafeMutablePointer<Int>
     private let handOffCount: UnsafeMutablePointer<Int>
+    private let handOffsWithdrawn: UnsafeMutablePointer<Int>
     /// The holder's reports of its current wait.
     private var events: [ReadyEvent] = []
 
@@ -148,6 +150,7 @@ final class PoolPoller: @unchecked Sendable {
         handOffsSkipped = (words + 136).assumingMemoryBound(to: Int.self)
         pendingHandOff = (words + 144).assumingMemoryBound(to: Int.self)
         handOffCount = (words + 152).assumingMemoryBound(to: Int.self)
+        handOffsWithdrawn = (words + 160).assumingMemoryBound(to: Int.self)
     }
 
     // MARK: Registrations (any thread)
@@ -336,6 +339,7 @@ final class PoolPoller: @unchecked Sendable {
         AtomicMemory.store(ticket, to: pendingHandOff, ordering: .relaxed)
         if pool.wakeForPoller() { return ticket }
         _ = AtomicMemory.compareAndSwap(expected: ticket, desired: 0, at: pendingHandOff, ordering: .relaxed)
+        AtomicMemory.add(1, to: handOffsWithdrawn, ordering: .relaxed)
         return 0
     }
 
@@ -383,6 +387,21 @@ final class PoolPoller: @unchecked Sendable {
 
     /// The hand-offs' current back-off (tests).
     var handOffBackoffForTesting: Int { AtomicMemory.load(from: handOffBackoff, ordering: .relaxed) }
+
+    /// Whether a worker holds the poller and sleeps in its wait now (not
+    /// a look without waiting), stale at once (tests).
+    var holderSleepsForTesting: Bool {
+        isHeld && (lock.withLock { state }?.registry.wakeState.isSleepingForTesting ?? false)
+    }
+
+    /// The hand-offs made so far (a worker woken; not those withdrawn
+    /// because nobody could be), and whether one waits to be judged
+    /// (tests).
+    var handOffsForTesting: (made: Int, pending: Bool) {
+        (AtomicMemory.load(from: handOffCount, ordering: .relaxed)
+            - AtomicMemory.load(from: handOffsWithdrawn, ordering: .relaxed),
+         AtomicMemory.load(from: pendingHandOff, ordering: .relaxed) != 0)
+    }
 
     /// Holder only: waits for a report, a due timer, a wake or `notAfter`
     /// (`block` false: only looks), then runs the handlers of what it found
