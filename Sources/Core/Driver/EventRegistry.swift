@@ -78,6 +78,39 @@ package final class EventRegistry: @unchecked Sendable {
         var joined = false
     }
 
+    /// In the parent, before `fork()` (`PoolPoller.prepareForFork`): the
+    /// generic types and conformances the registry's code and the epoll
+    /// backend make on first use. A forked child's poller makes a registry
+    /// of its own and waits in it from its first moment
+    /// (`ForkHandlers.makeMetadata`; `scripts/check-fork-metadata`).
+    static func prepareForFork() {
+        ForkHandlers.makeMetadata(
+            [Int32: Descriptor].self, [UInt64: Registration].self, (Int32, Descriptor).self,
+            (UInt64, Registration).self, [ReadyEvent].self, [KernelCompletion].self, [Int32].self, [UInt32].self,
+            [UInt64].self, (Bool, Bool, Bool).self, (Int, Int).self, IndexingIterator<[KernelCompletion]>.self,
+            IndexingIterator<[Int32]>.self, IndexingIterator<[UInt64]>.self)
+        ForkHandlers.makeConformance(equatable: KernelWatch.self)
+        ForkHandlers.makeConformance(equatable: EventBackendKind.self)
+        ForkHandlers.makeConformance(equatable: Readiness.self)
+        ForkHandlers.makeConformance(setAlgebra: Readiness.self)
+        ForkHandlers.makeConformance(optionSet: Readiness.self)
+        ForkHandlers.makeConformance(error: DescriptorWatchError.self)
+        ForkHandlers.makeConformance(error: SystemCallError.self)
+        ForkHandlers.makeConformance(described: SystemCallError.self)
+        ForkHandlers.makeConformance(hashable: LoopWakeState.Prelude.self)
+        ForkHandlers.makeConformance(equatable: LoopWakeState.Prelude.self)
+        ForkHandlers.makeConformance(fixedWidthInteger: UInt32.self)
+        ForkHandlers.makeConformance(mutable: [ReadyEvent].self)
+        ForkHandlers.makeConformance(collection: [ReadyEvent].self)
+        ForkHandlers.makeConformance(rangeReplaceable: [ReadyEvent].self)
+        ForkHandlers.makeConformance(collection: [KernelCompletion].self)
+        ForkHandlers.makeConformance(collection: [Int32].self)
+        ForkHandlers.makeConformance(sequence: [UInt64].self)
+        ForkHandlers.makeConformance(collection: [UInt64].self)
+        ForkHandlers.makeConformance(mutable: [UInt64].self)
+        ForkHandlers.makeConformance(rangeReplaceable: [UInt64].self)
+    }
+
     private var registrations: [UInt64: Registration] = [:]
     private var descriptors: [Int32: Descriptor] = [:]
     /// Descriptors whose kernel watch may not match their registrations.

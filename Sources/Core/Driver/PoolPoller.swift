@@ -433,6 +433,7 @@ final class PoolPoller: @unchecked Sendable {
     /// In the parent, before `fork()`: the generic types of the poller's
     /// code (`ForkHandlers.makeMetadata`).
     static func prepareForFork() {
+        EventRegistry.prepareForFork()
         ForkHandlers.makeMetadata(
             Registration?.self, State?.self, MonotonicClock.Instant?.self,
             [UInt64: Registration].self, (UInt64, Registration).self,

@@ -1,4 +1,5 @@
 import CShims
+import Synchronization
 
 /// How a `PortEnvelope` crosses a process boundary: one sequenced-packet
 /// record plus the descriptors it carries (SCM_RIGHTS).
@@ -34,24 +35,76 @@ enum PortWire {
     static let magic: UInt32 = 0x504E_5053
 
     /// Registers, once per process (the first port made), a `fork()`
-    /// prepare handler that encodes and decodes a small envelope in the
-    /// parent just before each fork. A child's first request runs this
-    /// code at once; in a debug build its generic code makes metadata and
-    /// looks up conformances (an array of bytes as a `MutableCollection`)
-    /// under the Swift runtime's locks the first time it runs, and a child
-    /// forked while a parent thread was making its first request, holding
-    /// such a lock, waited for it forever (seen: a child hung in
-    /// `swift_getWitnessTable` under `append(_:to:)`). Run in the parent,
-    /// the handler waits for that thread instead, and the child finds the
-    /// caches filled (`ForkHandlers.makeMetadata`). A few microseconds per
-    /// fork.
+    /// prepare handler, `prepareForFork`. A child's first request runs the
+    /// ports' client code at once; in a debug build that code makes generic
+    /// metadata and looks up conformances under the Swift runtime's locks
+    /// the first time it runs, and a child forked while a parent thread was
+    /// in its first request, holding such a lock, waited for it forever
+    /// (seen twice in `RemotePortForkWhileInUseTests`: a child hung in
+    /// `swift_getWitnessTable` under `append(_:to:)`, and one making the
+    /// tuple of `RemotePort.withDescriptor`). Run in the parent, the
+    /// handler waits for that thread instead, and the child finds the
+    /// caches filled (`ForkHandlers.makeMetadata`).
     static let forkWarmUpRegistered: Void = {
-        ForkHandlers.register(.ports, prepare: { PortWire.warmUpForFork() }, child: { _ in })
+        ForkHandlers.register(.ports, prepare: { PortWire.prepareForFork() }, child: { _ in })
     }()
 
-    /// Encodes and decodes a one-component request (see
-    /// `forkWarmUpRegistered`).
-    private static func warmUpForFork() {
+    /// In the parent, before `fork()`: every generic type and conformance
+    /// that the client side of a port (`RemotePort`, the wire, the send
+    /// ring, the socket calls) makes on first use, which
+    /// `scripts/check-fork-metadata` checks against the object files; then
+    /// a one-component request encoded and decoded. A few microseconds per
+    /// fork, in processes that made a port.
+    static func prepareForFork() {
+        RemotePort.prepareForFork()
+        ForkHandlers.makeMetadata(
+            PortError?.self, [RemotePort].self, [PortEnvelope.Component].self, [[UInt8]].self, [Bool].self,
+            [Int].self, [Int32].self, [UInt8].self, [UInt8]?.self, ArraySlice<UInt8>.self, ArraySlice<Int32>.self,
+            IndexingIterator<[RemotePort]>.self, IndexingIterator<[PortEnvelope.Component]>.self,
+            IndexingIterator<[[UInt8]]>.self, IndexingIterator<[Int32]>.self, PartialRangeFrom<Int>.self,
+            EnumeratedSequence<[Int32]>.self, EnumeratedSequence<[Int32]>.Iterator.self,
+            (UInt8, Int).self, (UInt8, UInt32, Int, UInt64).self, Result<Decoded, PortError>.self,
+            [UInt64: UnsafeMutableRawPointer].self, [UInt64: UnsafeMutableRawPointer].Values.Iterator.self,
+            (UInt64, UnsafeMutableRawPointer).self, UnsafeRawPointer?.self, [UnsafeRawBufferPointer].self,
+            (count: Int, fds: [Int32], truncated: Bool).self, PortOwner?.self, String?.self)
+        ForkHandlers.makeMetadata(ofNoncopyable: Atomic<UInt>.self)
+        ForkHandlers.makeConformance(equatable: Kind.self)
+        ForkHandlers.makeConformance(rawRepresentable: Kind.self)
+        ForkHandlers.makeConformance(error: PortError.self)
+        ForkHandlers.makeConformance(hashable: PortError.self)
+        ForkHandlers.makeConformance(equatable: PortError.self)
+        ForkHandlers.makeConformance(hashable: SystemCallError.self)
+        ForkHandlers.makeConformance(equatable: SystemCallError.self)
+        ForkHandlers.makeConformance(hashable: PortOwner.self)
+        ForkHandlers.makeConformance(equatable: PortOwner.self)
+        ForkHandlers.makeConformance(described: PortOwner.self)
+        ForkHandlers.makeConformance(hashable: PortOwner?.self)
+        ForkHandlers.makeConformance(hashable: String?.self)
+        ForkHandlers.makeConformance(hashable: Int32?.self)
+        ForkHandlers.makeConformance(hashable: PortWireFormat.self)
+        ForkHandlers.makeConformance(equatable: PortWireFormat.self)
+        ForkHandlers.makeConformance(comparable: MonotonicClock.Instant.self)
+        ForkHandlers.makeConformance(binaryInteger: Int.self)
+        ForkHandlers.makeConformance(fixedWidthInteger: UInt32.self)
+        ForkHandlers.makeConformance(fixedWidthInteger: UInt64.self)
+        ForkHandlers.makeConformance(atomicWord: UInt64.self)
+        ForkHandlers.makeConformance(collection: UnsafeRawBufferPointer.self)
+        ForkHandlers.makeConformance(mutable: UnsafeMutableRawBufferPointer.self)
+        ForkHandlers.makeConformance(sequence: String.UTF8View.self)
+        ForkHandlers.makeConformance(rangeExpression: PartialRangeFrom<Int>.self)
+        ForkHandlers.makeConformance(collection: [RemotePort].self)
+        ForkHandlers.makeConformance(sequence: [PortEnvelope.Component].self)
+        ForkHandlers.makeConformance(collection: [PortEnvelope.Component].self)
+        ForkHandlers.makeConformance(sequence: [[UInt8]].self)
+        ForkHandlers.makeConformance(collection: [[UInt8]].self)
+        ForkHandlers.makeConformance(collection: [Int].self)
+        ForkHandlers.makeConformance(sequence: [Int32].self)
+        ForkHandlers.makeConformance(collection: [Int32].self)
+        ForkHandlers.makeConformance(rangeReplaceable: [UInt8].self)
+        ForkHandlers.makeConformance(mutable: [UInt8].self)
+        ForkHandlers.makeConformance(sequence: ArraySlice<UInt8>.self)
+        ForkHandlers.makeConformance(sequence: ArraySlice<Int32>.self)
+        ForkHandlers.makeConformance(sequence: [UnsafeRawBufferPointer].self)
         guard let record = try? encode(PortEnvelope(id: 1, components: [.bytes([1])]), kind: .request, sequence: 1)
         else { return }
         record.bytes.withUnsafeBytes { buffer in _ = try? decode(buffer, count: buffer.count, fds: []) }

@@ -79,11 +79,14 @@ public final class RemotePort: @unchecked Sendable {
 
     /// A Unix-domain sequenced-packet socket (records, descriptors), or a
     /// TCP stream (frames, bytes only) in Spindle's framing or in
-    /// Foundation's, whose every frame names its destination by `signature`.
+    /// Foundation's, whose every frame names its destination by the
+    /// signature `foundationStream` carries. (Its payload has no label: a
+    /// labelled one is a tuple whose metadata a debug build makes at run
+    /// time, which `prepareForFork` could not name.)
     enum Transport: Equatable {
         case local
         case stream
-        case foundationStream(signature: [UInt8])
+        case foundationStream([UInt8])
     }
 
     private let transport: Transport
@@ -146,6 +149,13 @@ public final class RemotePort: @unchecked Sendable {
         /// received the port, or the child that reconnected after `fork()`.
         var pid: pid_t
         var link = Link()
+    }
+
+    /// In the parent, before `fork()` (`PortWire.prepareForFork`): the
+    /// generic types this file's code makes on first use, some of them
+    /// private to it.
+    static func prepareForFork() {
+        ForkHandlers.makeMetadata(Link?.self, Int32?.self, (Int32?, Link?).self, (Int32, Link)?.self)
     }
 
     /// A port over `fd`, which it now owns (closes when invalidated or
@@ -245,7 +255,7 @@ public final class RemotePort: @unchecked Sendable {
         let transport: Transport
         switch wireFormat {
         case .spindle: transport = .stream
-        case .foundationSocketPort: transport = .foundationStream(signature: FoundationPortWire.signature(host: host, port: port))
+        case .foundationSocketPort: transport = .foundationStream(FoundationPortWire.signature(host: host, port: port))
         }
         return RemotePort(adopting: fd, name: "\(host):\(port)", transport: transport, reconnection: .tcp(host: host, port: port))
     }

@@ -145,7 +145,8 @@ enum ForkHandlers {
     /// conformance's witness table the first time code needs it (for a
     /// generic type's, making it, under the runtime's locks) and caches it
     /// per module. Passing a type here loads the same cache the code's own
-    /// use does. One function per protocol the pool's code needs.
+    /// use does. One function per protocol the pool's or the ports' code
+    /// needs.
     @inline(never) static func makeConformance<T: Sequence>(sequence type: T.Type) {}
     @inline(never) static func makeConformance<T: Collection>(collection type: T.Type) {}
     @inline(never) static func makeConformance<T: BidirectionalCollection>(bidirectional type: T.Type) {}
@@ -153,6 +154,10 @@ enum ForkHandlers {
     @inline(never) static func makeConformance<T: MutableCollection>(mutable type: T.Type) {}
     @inline(never) static func makeConformance<T: RangeReplaceableCollection>(rangeReplaceable type: T.Type) {}
     @inline(never) static func makeConformance<T: BinaryInteger>(binaryInteger type: T.Type) {}
+    @inline(never) static func makeConformance<T: FixedWidthInteger>(fixedWidthInteger type: T.Type) {}
+    @inline(never) static func makeConformance<T: RangeExpression>(rangeExpression type: T.Type) {}
+    @inline(never) static func makeConformance<T: SetAlgebra>(setAlgebra type: T.Type) {}
+    @inline(never) static func makeConformance<T: OptionSet>(optionSet type: T.Type) {}
     @inline(never) static func makeConformance<T: AtomicMemoryWord>(atomicWord type: T.Type) {}
     @inline(never) static func makeConformance<T: Equatable>(equatable type: T.Type) {}
     @inline(never) static func makeConformance<T: Hashable>(hashable type: T.Type) {}
