@@ -145,6 +145,31 @@ struct PoolPollerHandOffTests {
         poller.release(handingOff: false)
     }
 
+    /// A worker's look without waiting that ran nothing (it goes on
+    /// searching, and parks at the poller if it finds no work) hands the
+    /// poller off only while hand-offs are eager, and does not count
+    /// toward the back-off: once backed off, any number of such looks wake
+    /// nobody, and the leaves after them are spaced as if there had been
+    /// none.
+    @Test func anEmptyLookHandsOffOnlyWhileEagerAndDoesNotCount() throws {
+        let workers = CountingWorkers()
+        let (poller, watched) = try watchingPoller(workers)
+        defer { watched.close() }
+        #expect(poller.tryHold())
+        let ticket = poller.release(ranNothing: true)
+        #expect(ticket != 0, "eager: an empty look hands off")
+        poller.leaverReturned(ticket)
+        #expect(poller.handOffBackoffForTesting == 1)
+        let before = workers.wakes.withLock { $0 }
+        for _ in 0..<200 {
+            #expect(poller.tryHold())
+            #expect(poller.release(ranNothing: true) == 0)
+        }
+        #expect(workers.wakes.withLock { $0 } == before, "backed off: empty looks woke a worker")
+        #expect(!leaveAndComeBack(poller, workers), "one in 2: the first leave after them is skipped")
+        #expect(leaveAndComeBack(poller, workers), "one in 2: the second is made")
+    }
+
     /// In a process of its own, on the standard pool's poller: a read
     /// source on a queue whose call is short. Each event is written only
     /// once the one before was handled, its hand-off judged and a worker
@@ -152,22 +177,25 @@ struct PoolPollerHandOffTests {
     /// holder waits: every hand-off made is wasted (its leaver is back
     /// first), and they back off as `wastedHandOffsBackOffUpToTheBound`
     /// shows over a stand-in pool. 150 events end with the back-off at its
-    /// bound and about 9 hand-offs made: each event passes the back-off
-    /// twice (its holder leaves to run it, then looks without waiting once
-    /// it ran), so tickets go out at passes 1, 3, 7 ... 127, 192, 257 (a
-    /// hand-off withdrawn for want of a worker to wake is not one). With
-    /// every hand-off eager it is over 200, and with the leavers' returns
-    /// never judged the hand-offs stay pending (both mutations seen to
-    /// fail). The machine's load cannot change the outcome, since what
-    /// makes a hand-off useful (an event while the new holder waits) never
-    /// happens here, and an event is written only once a worker sleeps in
-    /// the poller's wait: a look without waiting that found it would count
-    /// it as one that waited with nobody at the poller, as it rightly does
-    /// for a worker back after a timer's next deadline on a loaded machine
-    /// (which made an earlier form of this test, wake-ups per firing of a
-    /// 2 ms timer, fail beside other suites). What the back-off saves, a
-    /// wake-up per event, is measured in Bench (`sources.timer.lateness`,
-    /// CPU per firing beside Dispatch).
+    /// bound and at most 7 hand-offs made, at events 1, 3, 7 ... 127
+    /// (fewer if one was withdrawn for want of a worker to wake): each
+    /// event passes the back-off once, when its holder leaves to run it.
+    /// The look without waiting its worker makes once the call returned
+    /// finds nothing and does not count (see the test above; when it
+    /// counted, 8 to 10 were made). With every hand-off eager it is over
+    /// 150, and with the leavers' returns never judged the hand-offs stay
+    /// pending (all three mutations seen to fail).
+    ///
+    /// The machine's load cannot change the outcome: what makes a hand-off
+    /// useful (an event while the new holder waits) never happens here, and
+    /// an event is written only once a worker sleeps in the poller's wait.
+    /// A look without waiting that found it would count it as one that
+    /// waited with nobody at the poller, as it rightly does for a worker
+    /// back after a timer's next deadline on a loaded machine (which made
+    /// an earlier form of this test, wake-ups per firing of a 2 ms timer,
+    /// fail beside other suites). What the back-off saves, a wake-up per
+    /// event, is measured in Bench (`sources.timer.lateness`, CPU per
+    /// firing beside Dispatch).
     @Test func shortCallsOnTheStandardPoolBackTheHandOffOff() async {
         // The child exits normally whatever it found and says what: a
         // failed exit test keeps no output.
@@ -225,7 +253,7 @@ private func handOffsOfShortCalls() -> Int32 {
     let backoff = poller.handOffBackoffForTesting
     print("\(made) hand-offs made for \(events) events; back-off \(backoff)")
     guard backoff == PoolPoller.maximumHandOffBackoff else { return 8 }
-    guard made <= 20 else { return 9 }
+    guard made <= 7 else { return 9 }
     source.cancel()
     return 0
 }

@@ -409,7 +409,7 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         // What it found waited with nobody at the poller: hand-offs are
         // eager again (see `PoolPoller.release`).
         if ran { poller.resetHandOffBackoff() }
-        handOffTicket = poller.release()
+        handOffTicket = poller.release(ranNothing: !ran)
         return ran
     }
 
