@@ -74,13 +74,12 @@ public func residentBytes() -> Int {
     return pages * sysconf(Int32(_SC_PAGESIZE))
 }
 
-/// The text of a small /proc file (at most `capacity` bytes: 256 by
-/// default; a thread's `status` needs a few KiB), or nil.
-public func procFileText(_ path: String, capacity: Int = 256) -> String? {
+/// The text of a small /proc file (at most 255 bytes), or nil.
+public func procFileText(_ path: String) -> String? {
     let fd = open(path, O_RDONLY)
     guard fd >= 0 else { return nil }
     defer { close(fd) }
-    var buffer = [UInt8](repeating: 0, count: capacity)
+    var buffer = [UInt8](repeating: 0, count: 256)
     let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
     guard n > 0 else { return nil }
     return String(decoding: buffer[0..<n], as: UTF8.self)

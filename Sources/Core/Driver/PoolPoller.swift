@@ -339,15 +339,12 @@ final class PoolPoller: @unchecked Sendable {
             pool.wakeForPoller()
             return 0
         }
-        if ranNothing {
-            guard AtomicMemory.load(from: handOffBackoff, ordering: .relaxed) == 0 else { return 0 }
-        } else {
-            guard handOffDue() else { return 0 }
-        }
+        guard handOffDue(counted: !ranNothing) else { return 0 }
         // Pending before the wake-up, so that the woken holder finds it;
         // withdrawn if nobody was woken (no permit free, a holder already
-        // on its way): no wake-up, nothing to judge.
-        let ticket = AtomicMemory.add(1, to: handOffCount, ordering: .relaxed) &+ 1
+        // on its way): no wake-up, nothing to judge. (`add` returns the
+        // new count: never 0.)
+        let ticket = AtomicMemory.add(1, to: handOffCount, ordering: .relaxed)
         AtomicMemory.store(ticket, to: pendingHandOff, ordering: .relaxed)
         if pool.wakeForPoller() { return ticket }
         _ = AtomicMemory.compareAndSwap(expected: ticket, desired: 0, at: pendingHandOff, ordering: .relaxed)
@@ -360,10 +357,13 @@ final class PoolPoller: @unchecked Sendable {
     /// calls have grown long.
     static let maximumHandOffBackoff = 64
 
-    /// Whether this hand-off is made (see `release`).
-    private func handOffDue() -> Bool {
+    /// Whether this hand-off is made (see `release`). Not `counted` (a
+    /// look that ran nothing): only while hand-offs are eager, and it
+    /// leaves the count of those skipped alone.
+    private func handOffDue(counted: Bool) -> Bool {
         let backoff = AtomicMemory.load(from: handOffBackoff, ordering: .relaxed)
         if backoff == 0 { return true }
+        guard counted else { return false }
         let skipped = AtomicMemory.add(1, to: handOffsSkipped, ordering: .relaxed)
         if skipped <= backoff { return false }
         AtomicMemory.store(0, to: handOffsSkipped, ordering: .relaxed)
