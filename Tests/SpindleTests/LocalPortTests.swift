@@ -6,11 +6,13 @@ import TestSupport
 import Glibc
 #endif
 
-/// Runs `loop` (the caller's own) in `mode` until `done()` holds or 10 s
-/// pass; returns whether `done()` held.
+/// Runs `loop` (the caller's own) in `mode` until `done()` holds or
+/// `limit` passes; returns whether `done()` held.
 @discardableResult
-private func run(_ loop: ThreadLoop, mode: LoopMode = .default, until done: () -> Bool) -> Bool {
-    let deadline = MonotonicClock.now.advanced(by: .seconds(10))
+private func run(
+    _ loop: ThreadLoop, mode: LoopMode = .default, limit: Duration = .seconds(10), until done: () -> Bool
+) -> Bool {
+    let deadline = MonotonicClock.now.advanced(by: limit)
     while !done() {
         if MonotonicClock.now >= deadline { return false }
         loop.run(mode: mode, timeout: .milliseconds(100), returnAfterSourceHandled: true)
@@ -110,10 +112,17 @@ struct LocalPortTests {
 
     /// Several senders: each sender's messages arrive in its order, each
     /// message once, one per handler call.
+    ///
+    /// 6,000 messages through a 64-message queue take each sender through
+    /// about 90 waits for room. Under ThreadSanitizer beside the other
+    /// suites on two cores that has taken over 10 s (once in CI), so the
+    /// limits are long: they catch a loop that stops delivering (a lost
+    /// signal never ends), not a slow machine. A failure says how far it got.
     @Test(arguments: availableBackends)
     func messagesArriveOncePerCallInSendOrderPerSender(kind: EventBackendKind) throws {
         let senders = 3
         let perSender = 2_000
+        let limit = Duration.seconds(120)
         try onLoopThreadThrowing(kind) { loop in
             let seen = LockedValue<[[Int]]>(Array(repeating: [], count: senders))
             let inHandler = LockedValue(0)
@@ -127,16 +136,32 @@ struct LocalPortTests {
                 inHandler.withLock { $0 -= 1 }
             }
             loop.add(port)
+            let sendFailures = LockedValue<[String]>([])
             let join = startThread {
                 runThreads(senders) { s in
                     for i in 0..<perSender {
                         let m = PortEnvelope(id: UInt32(s), components: [.bytes([UInt8(s), UInt8(i >> 8), UInt8(i & 0xff)])])
-                        try! port.send(m, timeout: .seconds(10))
+                        do throws(PortError) {
+                            try port.send(m, timeout: limit)
+                        } catch {
+                            sendFailures.withLock { $0.append("sender \(s), message \(i): \(error)") }
+                            return
+                        }
                     }
                 }
             }
-            #expect(run(loop) { seen.withLock { $0.map(\.count).reduce(0, +) } == senders * perSender })
+            let delivered = { seen.withLock { $0.map(\.count).reduce(0, +) } }
+            let start = MonotonicClock.now
+            let done = run(loop, limit: limit) { delivered() == senders * perSender }
+            let took = MonotonicClock.now - start
+            // Senders still waiting for room would wait out their limit:
+            // invalidating the port ends their sends.
+            if !done { port.invalidate() }
             join()
+            #expect(
+                done,
+                "\(delivered()) of \(senders * perSender) messages delivered in \(took); failed sends: \(sendFailures.withLock { $0 })")
+            guard done else { return }
             #expect(seen.withLock { $0 } == Array(repeating: Array(0..<perSender), count: senders))
             #expect(!overlapped.withLock { $0 })
             port.invalidate()
