@@ -20,6 +20,11 @@ private final class CountingWorkers: PoolPoller.Workers, @unchecked Sendable {
         return true
     }
     var isWorkerThread: Bool { onWorkerThread.withLock { $0 } }
+    /// The tickets kept by "the calling worker" (`noteHandOff`).
+    let kept = LockedValue<[Int]>([])
+    func noteHandOff(_ ticket: Int) {
+        kept.withLock { $0.append(ticket) }
+    }
 }
 
 /// A pipe whose read end a poller watches.
@@ -118,6 +123,48 @@ struct PoolPollerHandOffTests {
         #expect(write(watched.writeEnd, "x", 1) == 1)
         #expect(poller.pollIfUnheld(), "the monitor's look found the pipe readable")
         #expect(poller.handOffBackoffForTesting == 0)
+    }
+
+    /// From a worker of the pool, the request for a holder is a hand-off:
+    /// the worker keeps its ticket (`noteHandOff`), and coming back before
+    /// the new holder ran anything judges it wasted, so such requests back
+    /// off as `release`'s do. A repeating queue timer's holder leaves with
+    /// the timer out of the heap (its `release` hands nothing off), and its
+    /// call schedules it again: without this, every firing woke a second
+    /// worker for nothing, for ever.
+    @Test func aWorkersRequestForAHolderIsAHandOffThatBacksOff() throws {
+        let workers = CountingWorkers()
+        let (poller, watched) = try watchingPoller(workers)
+        defer { watched.close() }
+        workers.onWorkerThread.withLock { $0 = true }
+        /// One firing: the timer scheduled again from the worker's unit,
+        /// then the worker back at the poller. Whether a holder was asked.
+        func firing() -> Bool {
+            let before = workers.wakes.withLock { $0 }
+            let keptBefore = workers.kept.withLock { $0.count }
+            poller.timersChanged(added: 0, newFirst: true)
+            let asked = workers.wakes.withLock { $0 } > before
+            let kept = workers.kept.withLock { $0.count } > keptBefore
+            #expect(asked == kept, "a worker keeps a ticket exactly when it asked for a holder")
+            if kept, let ticket = workers.kept.withLock({ $0.last }) { poller.leaverReturned(ticket) }
+            return asked
+        }
+        var made: [Int] = []
+        for n in 0..<300 where firing() { made.append(n) }
+        #expect(made.first == 0, "the first request is eager")
+        let gaps = zip(made.dropFirst(), made).map { $0 - $1 }
+        #expect(gaps.prefix(7) == [2, 4, 8, 16, 32, 64, 65], "gaps \(gaps)")
+        #expect(poller.handOffBackoffForTesting == PoolPoller.maximumHandOffBackoff)
+        // The next request made (one in 65 now), and a new holder that ran
+        // something before the worker came back: it was useful, and
+        // requests are eager again.
+        for _ in 0...PoolPoller.maximumHandOffBackoff where !poller.handOffsForTesting.pending {
+            poller.timersChanged(added: 0, newFirst: true)
+        }
+        #expect(poller.handOffsForTesting.pending)
+        poller.holderDispatched()
+        #expect(poller.handOffBackoffForTesting == 0)
+        #expect(firing(), "eager again")
     }
 
     /// A timer scheduled while nobody holds the poller asks for a holder,

@@ -113,6 +113,12 @@ final class PoolPoller: @unchecked Sendable {
         func wakeForPoller() -> Bool
         /// Whether the calling thread is one of the pool's workers.
         var isWorkerThread: Bool { get }
+        /// The calling worker made hand-off `ticket` outside `release`
+        /// (its unit scheduled a timer or registered a descriptor while
+        /// nobody held the poller, see `needsHolder`): the worker keeps the
+        /// ticket, and its return to the poller judges it (`leaverReturned`)
+        /// as it judges a `release`'s.
+        func noteHandOff(_ ticket: Int)
     }
 
     /// The pool whose workers hold it. Unowned: the pool owns the poller,
@@ -240,15 +246,22 @@ final class PoolPoller: @unchecked Sendable {
 
     /// Wakes the holder so that it looks again, or, when nobody holds the
     /// poller, a parked worker (or a new one) so that somebody does. On a
-    /// worker of the pool while hand-offs are backed off (see `release`),
-    /// nobody: that worker is back at the poller when its unit ends (a
-    /// repeating timer scheduled again by its own call, a source made by
-    /// an item), as it would be after a skipped hand-off, and the same
-    /// bound holds if the unit runs long.
+    /// worker of the pool (a repeating timer scheduled again by its own
+    /// call, a source made by an item), that wake-up is a hand-off like
+    /// the one `release` makes, and backs off with it: the worker is back
+    /// at the poller when its unit ends, as after any hand-off, so a
+    /// worker woken for a timer whose call is short was woken for nothing
+    /// (its leaver came back first), and the same bound holds if the unit
+    /// runs long. A repeating timer's holder finds nothing watched when it
+    /// leaves (the timer is out of the heap until its call has run), so
+    /// this is the hand-off its firings make.
     private func needsHolder() {
         if AtomicMemory.load(from: holdWord, ordering: .sequentiallyConsistent) != 0 {
             wake()
-        } else if AtomicMemory.load(from: handOffBackoff, ordering: .relaxed) == 0 || !pool.isWorkerThread {
+        } else if pool.isWorkerThread {
+            let ticket = handOff(counted: true)
+            if ticket != 0 { pool.noteHandOff(ticket) }
+        } else {
             pool.wakeForPoller()
         }
     }
@@ -339,7 +352,14 @@ final class PoolPoller: @unchecked Sendable {
             pool.wakeForPoller()
             return 0
         }
-        guard handOffDue(counted: !ranNothing) else { return 0 }
+        return handOff(counted: !ranNothing)
+    }
+
+    /// Makes a hand-off if one is due (`handOffDue`): a ticket, pending
+    /// until judged, and a worker woken to hold the poller. Returns the
+    /// ticket, or 0 when none was due or nobody could be woken.
+    private func handOff(counted: Bool) -> Int {
+        guard handOffDue(counted: counted) else { return 0 }
         // Pending before the wake-up, so that the woken holder finds it;
         // withdrawn if nobody was woken (no permit free, a holder already
         // on its way): no wake-up, nothing to judge. (`add` returns the

@@ -413,6 +413,14 @@ final class PoolWorker: BlockingObserver, @unchecked Sendable {
         return ran
     }
 
+    /// A hand-off this worker made from inside a unit
+    /// (`PoolPoller.needsHolder`): judged when it is back at the poller,
+    /// as its own `release`'s are. The newest ticket replaces an older one,
+    /// which is no longer the pending hand-off. Owner thread only.
+    func keepHandOffTicket(_ ticket: Int) {
+        handOffTicket = ticket
+    }
+
     /// Back at the poller (a look, or parking) after handing it off: tells
     /// it, so that a hand-off whose new holder ran nothing meanwhile counts
     /// as wasted (`PoolPoller.leaverReturned`).

@@ -301,6 +301,12 @@ final class WorkerPool: PoolPoller.Workers, @unchecked Sendable {
     /// (`PoolPoller.Workers`).
     var isWorkerThread: Bool { PoolWorker.current(in: self) != nil }
 
+    /// The calling worker keeps hand-off `ticket` to be judged when it is
+    /// back at the poller (`PoolPoller.Workers`).
+    func noteHandOff(_ ticket: Int) {
+        PoolWorker.current(in: self)?._withUnsafeGuaranteedRef { $0.keepHandOffTicket(ticket) }
+    }
+
     /// Under the lock, re-checks and hands a permit to an idle worker, or
     /// starts a worker when none is idle. `filler`: the worker whose slot
     /// was just filled, if that is why (see `PoolWorker.wakeHint`).
