@@ -130,8 +130,8 @@ struct PoolPollerHandOffTests {
     /// the new holder ran anything judges it wasted, so such requests back
     /// off as `release`'s do. A repeating queue timer's holder leaves with
     /// the timer out of the heap (its `release` hands nothing off), and its
-    /// call schedules it again: without this, every firing woke a second
-    /// worker for nothing, for ever.
+    /// call schedules it again: this request is the hand-off its firings
+    /// make, and once backed off a short call costs no second wake-up.
     @Test func aWorkersRequestForAHolderIsAHandOffThatBacksOff() throws {
         let workers = CountingWorkers()
         let (poller, watched) = try watchingPoller(workers)
