@@ -168,8 +168,9 @@ struct PoolPollerHandOffTests {
     }
 
     /// A timer scheduled while nobody holds the poller asks for a holder,
-    /// except from a worker of the pool while hand-offs are backed off:
-    /// that worker comes back to the poller when its unit ends.
+    /// except from a worker of the pool while hand-offs are backed off
+    /// and this one is not due (see the test above): that worker comes
+    /// back to the poller when its unit ends.
     @Test func aNewFirstDeadlineFromABackedOffWorkerAsksForNobody() throws {
         let workers = CountingWorkers()
         let (poller, watched) = try watchingPoller(workers)
