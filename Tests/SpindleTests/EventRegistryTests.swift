@@ -282,6 +282,34 @@ struct EventRegistryTests {
             keep.invalidate()
         }
     }
+
+    /// A loop that watches no descriptor sleeps for its timers on the wake
+    /// word, and a sleep that reaches its deadline there ends the wait: no
+    /// kernel poll follows it, as there is nothing in the kernel to report.
+    /// One wait per firing (the old wait made two: the sleep, then an
+    /// `epoll_wait` or an io_uring enter that could only come back empty).
+    @Test(arguments: availableBackends)
+    func aTimerFiringOnAnIdleLoopCostsOneWait(kind: EventBackendKind) {
+        onLoopThread(kind) { loop in
+            let keep = LoopSource { _ in }
+            loop.add(keep)
+            let fired = LockedValue(0)
+            let timer = LoopTimer(fireAt: MonotonicClock.now.advanced(by: .milliseconds(2)), interval: .milliseconds(2)) { _ in
+                fired.withLock { $0 += 1 }
+            }
+            loop.add(timer, forMode: .default)
+            let before = loop.eventStatistics.waitSyscalls
+            loop.run(mode: .default, timeout: .milliseconds(200))
+            let waits = loop.eventStatistics.waitSyscalls - before
+            let firings = fired.withLock { $0 }
+            timer.invalidate()
+            keep.invalidate()
+            #expect(firings > 0)
+            // A few more than the firings: the run's last sleep ends at its
+            // timeout, not at a firing.
+            #expect(waits <= UInt64(firings) + 3, "\(waits) waits for \(firings) timer firings")
+        }
+    }
 }
 
 /// A SIGUSR1 handler that does nothing, so a signal interrupts a system

@@ -377,6 +377,11 @@ package final class EventRegistry: @unchecked Sendable {
                 timeout = 0
                 woken = true
             case .timedOut:
+                // The deadline passed on the wake word: as for a poll above,
+                // with nothing in the kernel there is nothing to collect (a
+                // loop's or the pool poller's timer firing costs no
+                // `epoll_wait`).
+                if !kernelWork { return false }
                 timeout = 0  // still collect anything ready below
             case .sleepInKernel:
                 break
