@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <linux/sockios.h>
 #include <poll.h>
 #include <pthread.h>
@@ -207,7 +208,8 @@ int cshims_inotify_unwatch(int ifd, int wd) {
     return inotify_rm_watch(ifd, wd) == 0 ? 0 : -errno;
 }
 
-int cshims_inotify_read(int ifd, int32_t *wds, uint32_t *masks, int max) {
+int cshims_inotify_read(int ifd, int32_t *wds, uint32_t *masks, int max, int *more) {
+    *more = 0;
     if (max < 256) return -EINVAL;
     _Alignas(struct inotify_event) char buffer[4096];
     ssize_t got;
@@ -217,6 +219,9 @@ int cshims_inotify_read(int ifd, int32_t *wds, uint32_t *masks, int max) {
         if (errno == EAGAIN) return 0;
         if (errno != EINTR) return -errno;
     }
+    // inotify returns whole events only, as many as fit: with room left
+    // for the longest one, none was held back.
+    *more = (size_t)got > sizeof buffer - (sizeof(struct inotify_event) + NAME_MAX + 1);
     int count = 0;
     for (char *at = buffer; at < buffer + got && count < max;) {
         const struct inotify_event *event = (const struct inotify_event *)(void *)at;

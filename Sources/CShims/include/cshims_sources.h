@@ -70,8 +70,11 @@ int cshims_inotify_unwatch(int ifd, int wd);
 // about an entry of a watched directory (one that carries a name) has
 // CSHIMS_IN_ENTRY added to its mask, and its name is skipped; the 4 KiB
 // buffer holds at least one event with the longest name (16 + NAME_MAX + 1
-// bytes).
-int cshims_inotify_read(int ifd, int32_t *wds, uint32_t *masks, int max);
+// bytes). `*more` is set to 1 when more events may be queued (the read
+// left less room than the longest event takes, so the kernel may have
+// held one back), else 0: the read took everything queued at that moment,
+// and the caller need not read again to learn that the queue is empty.
+int cshims_inotify_read(int ifd, int32_t *wds, uint32_t *masks, int max, int *more);
 
 #define CSHIMS_IN_MODIFY 0x00000002u
 #define CSHIMS_IN_ATTRIB 0x00000004u

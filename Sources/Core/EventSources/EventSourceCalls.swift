@@ -123,15 +123,17 @@ enum EventSourceCalls {
     }
 
     /// Reads queued inotify events into `wds`/`masks` (256 each); returns
-    /// how many.
-    static func inotifyRead(_ ifd: Int32, _ wds: inout [Int32], _ masks: inout [UInt32]) -> Int {
+    /// how many, and whether more may be queued (false: the read took all
+    /// there was, and reading again would only find the queue empty).
+    static func inotifyRead(_ ifd: Int32, _ wds: inout [Int32], _ masks: inout [UInt32]) -> (count: Int, more: Bool) {
+        var more: Int32 = 0
         let n = wds.withUnsafeMutableBufferPointer { w in
             masks.withUnsafeMutableBufferPointer { m in
-                cshims_inotify_read(ifd, w.baseAddress, m.baseAddress, Int32(min(w.count, m.count)))
+                cshims_inotify_read(ifd, w.baseAddress, m.baseAddress, Int32(min(w.count, m.count)), &more)
             }
         }
         if n < 0 { misuse("read of Spindle's inotify descriptor failed: \(errnoDescription(-n))") }
-        return Int(n)
+        return (Int(n), more != 0)
     }
 
     /// The timerfd that tells of wall-clock changes (disarmed).

@@ -30,6 +30,10 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
     let events: EventSource.FileEvents
     /// Whether the object is a directory (its entries' changes are writes).
     let isDirectory: Bool
+    /// Whether the source asked for an event that only the object's size
+    /// or link count tells (extend, link, delete while open); a source
+    /// that did not makes no `fstat` per event.
+    private let needsStat: Bool
     /// The size and link count last seen, under `seenLock` (a leaf lock:
     /// while the watch moves, both registries may translate events for it).
     private var size: Int64
@@ -49,6 +53,7 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
         self.descriptor = descriptor
         self.events = events
         isDirectory = stat.type == EventSourceCalls.directory
+        needsStat = !events.isDisjoint(with: [.extend, .link, .delete])
         size = stat.size
         links = stat.links
     }
@@ -130,7 +135,8 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
             guard mask & Self.entryChanges != 0 else { return [] }
             found.insert(.write)
         }
-        let stat = try? EventSourceCalls.stat(descriptor)
+        // Only a source that asked for what only `fstat` tells looks.
+        let stat = needsStat ? try? EventSourceCalls.stat(descriptor) : nil
         if mask & CSHIMS_IN_ENTRY == 0 {
             if mask & CSHIMS_IN_MODIFY != 0 { found.insert(.write) }
             if mask & CSHIMS_IN_ATTRIB != 0 { found.insert(.attributes) }
@@ -243,8 +249,15 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
         /// appends what each source is due (merged by the caller, outside
         /// the lock).
         private func collect(into due: inout [(EventSource, EventSource.FileEvents)]) {
-            while true {
-                let n = EventSourceCalls.inotifyRead(inotify.fd, &wds, &masks)
+            // Until a read takes all there is: a read that leaves room for
+            // the longest event took everything queued (an event queued
+            // after it makes the instance readable again, and its watch is
+            // re-armed after this delivery), so no read is made only to
+            // find the queue empty.
+            var more = true
+            while more {
+                let (n, left) = EventSourceCalls.inotifyRead(inotify.fd, &wds, &masks)
+                more = left
                 if n == 0 { break }
                 for i in 0..<n {
                     guard let list = byWatch[wds[i]] else { continue }
