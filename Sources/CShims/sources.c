@@ -53,8 +53,8 @@ static struct sigaction saved[WATCH_SIGNALS];
 static struct sigaction installed[WATCH_SIGNALS];
 static _Atomic uint64_t delivered[WATCH_SIGNALS];
 // The eventfds the observer writes, one per place that waits for signals
-// (the pool's poller, the reactor); -1 where none is set.
-static _Atomic int watch_eventfds[CSHIMS_SIGNAL_WATCH_SLOTS] = {-1, -1};
+// (the pool's poller, the reactor, loops); -1 where none is set.
+static _Atomic int watch_eventfds[CSHIMS_SIGNAL_WATCH_SLOTS] = {[0 ... CSHIMS_SIGNAL_WATCH_SLOTS - 1] = -1};
 
 static int default_ignores(int signo) {
     return signo == SIGCHLD || signo == SIGCONT || signo == SIGURG || signo == SIGWINCH;

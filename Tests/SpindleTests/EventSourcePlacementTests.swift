@@ -1,9 +1,10 @@
 // Where each kind of source's kernel watch lives (`WatchPlacement`): on a
 // work queue every kind waits in the pool's poller, with no hand-off
-// through the reactor thread; on a loop, descriptors and process exits
-// wait in the loop's own backend and the process-wide mechanisms (signals,
-// inotify) on the reactor; `setTarget` moves the watch, and events keep
-// coming (signal counts stay exact across the moves).
+// through the reactor thread; on a loop, descriptors, process exits and
+// signals wait in the loop's own backend (signals on the reactor beyond the
+// observer's slots) and inotify on the reactor; `setTarget` moves the
+// watch, and events keep coming (signal counts stay exact across the
+// moves).
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -14,14 +15,39 @@ import TestSupport
 @Suite("EventSource placement")
 struct EventSourcePlacementTests {
     /// A signal source on a queue waits in the pool; moved to a loop it
-    /// waits on the reactor, and back; the deliveries are counted exactly
+    /// waits in that loop, and back; the deliveries are counted exactly
     /// through both moves (1, then 3, then 1: 5 in all), each call on the
     /// target of its time. In an exit test: signals are process-wide.
-    @Test func signalSourcesWaitInThePoolForQueuesAndOnTheReactorForLoops() async {
+    @Test func signalSourcesWaitInThePoolForQueuesAndInTheirLoopForLoops() async {
         await #expect(processExitsWith: .success) {
             unblockAllSignals()
             armHangAlarm(seconds: 60)
             exit(moveSignalSource())
+        }
+    }
+
+    /// Each loop with signal sources waits for them itself, up to the
+    /// observer's 62 loop slots; the sources of more loops wait on the
+    /// reactor, and still run on their own loops. Every source of every
+    /// loop counts every delivery exactly; a cancelled source frees its
+    /// loop's slot for another loop; a source moved from the reactor to a
+    /// loop that has a slot waits there, its count exact across the move.
+    @Test func eachLoopWaitsForItsSignalSourcesUpToTheSlotsThenTheReactor() async {
+        await #expect(processExitsWith: .success) {
+            unblockAllSignals()
+            armHangAlarm(seconds: 120)
+            exit(signalSourcesOnManyLoops())
+        }
+    }
+
+    /// A loop waits for its signal sources in their modes: a source in a
+    /// mode of its own gets nothing while the loop runs in another mode,
+    /// and its delivery once the loop runs in its mode.
+    @Test func aLoopWaitsForASignalSourceInTheSourcesModes() async {
+        await #expect(processExitsWith: .success) {
+            unblockAllSignals()
+            armHangAlarm(seconds: 60)
+            exit(signalSourceInAModeOfItsOwn())
         }
     }
 
@@ -165,7 +191,7 @@ private func moveSignalSource() -> Int32 {
     raise(SIGUSR1)
     guard eventually({ sum() == 1 }) else { return 5 }
     source.setTarget(loop.target)
-    guard source.watchPlacementName == "reactor" else { return 6 }
+    guard source.watchPlacementName == "loop" else { return 6 }
     for _ in 0..<3 { raise(SIGUSR1) }
     guard eventually({ sum() == 4 }) else { return 7 }
     source.setTarget(.queue(WorkQueue(label: "placement.signal.back")))
@@ -213,5 +239,87 @@ private func moveProcessSource() -> Int32 {
     guard source.exitStatus == .exited(7), source.watchPlacementName == nil else { return 10 }
     var status: Int32 = 0
     guard waitpid(child, &status, 0) == child else { return 11 }
+    return 0
+}
+
+/// `eachLoopWaitsForItsSignalSourcesUpToTheSlotsThenTheReactor` in its own
+/// process: 0, or the failed check.
+private func signalSourcesOnManyLoops() -> Int32 {
+    signal(SIGUSR1, SIG_IGN)
+    // 62 loops with slots of their own, 2 more on the reactor, and a spare.
+    let count = 64
+    var loops: [HandlerPlace] = []
+    defer { for loop in loops { loop.close() } }
+    for i in 0..<count + 1 {
+        guard let loop = try? HandlerPlace(.loop, label: "placement.signals.\(i)") else { return 2 }
+        loops.append(loop)
+    }
+    // The data summed per source and per loop its calls ran on (-1: none).
+    let totals = LockedValue([[Int: UInt64]](repeating: [:], count: count + 1))
+    let places = loops
+    func makeSource(_ i: Int, on place: HandlerPlace) -> EventSource? {
+        guard let source = try? EventSource.signal(SIGUSR1, on: place.target) else { return nil }
+        source.setEventHandler { s in
+            let ranOn = places.firstIndex { $0.isCurrent } ?? -1
+            totals.withLock { $0[i][ranOn, default: 0] += s.data }
+        }
+        source.activate()
+        return source
+    }
+    func sum(_ i: Int) -> UInt64 { totals.withLock { $0[i].values.reduce(0, +) } }
+    var sources: [EventSource] = []
+    defer { for source in sources { source.cancel() } }
+    for i in 0..<count {
+        guard let source = makeSource(i, on: loops[i]) else { return 3 }
+        sources.append(source)
+    }
+    for i in 0..<62 where sources[i].watchPlacementName != "loop" { return 4 }
+    for i in 62..<count where sources[i].watchPlacementName != "reactor" { return 5 }
+    for _ in 0..<3 { raise(SIGUSR1) }
+    guard eventually({ (0..<count).allSatisfy { sum($0) == 3 } }) else { return 6 }
+    // The first loop's slot is freed by its only source's cancel, and
+    // taken by the spare loop's source.
+    sources[0].cancel()
+    guard let spare = makeSource(count, on: loops[count]) else { return 7 }
+    sources.append(spare)
+    guard spare.watchPlacementName == "loop" else { return 8 }
+    // A source waiting on the reactor moves to a loop that has a slot.
+    sources[63].setTarget(loops[1].target)
+    guard sources[63].watchPlacementName == "loop" else { return 9 }
+    raise(SIGUSR1)
+    guard eventually({ sum(count) == 1 && (1..<count).allSatisfy { sum($0) == 4 } }) else { return 10 }
+    usleep(20_000)
+    guard sum(0) == 3, sum(count) == 1, (1..<count).allSatisfy({ sum($0) == 4 }) else { return 11 }
+    // Every call ran on its source's loop; the moved source's last on
+    // loop 1, its new target.
+    let seen = totals.withLock { $0 }
+    for i in 0...count where i != 63 && seen[i].keys.contains(where: { $0 != i }) { return 12 }
+    guard seen[63] == [63: 3, 1: 1] else { return 13 }
+    return 0
+}
+
+/// `aLoopWaitsForASignalSourceInTheSourcesModes` in its own process: 0, or
+/// the failed check.
+private func signalSourceInAModeOfItsOwn() -> Int32 {
+    signal(SIGUSR1, SIG_IGN)
+    let loop = ThreadLoop.current
+    let mode: LoopMode = "placement.signal.mode"
+    let keep = LoopSource { _ in }  // keeps the default mode from being empty
+    loop.add(keep, forMode: .default)
+    defer { keep.invalidate() }
+    let calls = LockedValue<UInt64>(0)
+    guard let source = try? EventSource.signal(SIGUSR1, on: .loop(loop, modes: [mode])) else { return 2 }
+    source.setEventHandler { s in calls.withLock { $0 += s.data } }
+    source.activate()
+    defer { source.cancel() }
+    guard source.watchPlacementName == "loop" else { return 3 }
+    raise(SIGUSR1)
+    loop.run(mode: .default, timeout: .milliseconds(100))
+    guard calls.withLock({ $0 }) == 0 else { return 4 }
+    let deadline = MonotonicClock.now.advanced(by: .seconds(10))
+    while calls.withLock({ $0 }) == 0 && MonotonicClock.now < deadline {
+        loop.run(mode: mode, timeout: .milliseconds(100))
+    }
+    guard calls.withLock({ $0 }) == 1 else { return 5 }
     return 0
 }

@@ -12,8 +12,9 @@
 // MARK: Signals
 
 // How many eventfds the observer writes: one per place that waits for
-// signal sources (slot 0: the pool's poller; slot 1: the reactor thread).
-#define CSHIMS_SIGNAL_WATCH_SLOTS 2
+// signal sources (slot 0: the pool's poller; slot 1: the reactor thread;
+// 2 and up: loops that wait for their own signal sources).
+#define CSHIMS_SIGNAL_WATCH_SLOTS 64
 // Sets the eventfd of `slot` (-1: none) that every observer writes 1 to at
 // each delivery, for all signals. The store is releasing; the observer's
 // load acquiring. 0, or -EINVAL for a slot out of range.

@@ -5,10 +5,11 @@ import Glibc
 /// The event driver's fallback thread ("spindle.events"): a `ThreadLoop`
 /// on a thread of its own, started on first use and running for the rest
 /// of the process. It waits for what neither a loop nor the pool's poller
-/// can: the process-wide mechanisms of sources whose handlers run on loops
-/// (the signals' eventfd and an inotify instance: a loop cannot wait for a
-/// process-wide descriptor itself) and the clock-set notice of wall-clock
-/// timers. Sources on work queues are not here: an idle pool worker waits
+/// can: the inotify instance of file-system sources whose handlers run on
+/// loops (one instance serves them all: a loop cannot wait for it itself),
+/// the signal sources of loops beyond those that wait for signals
+/// themselves (`SignalWatch.Registry`), and the clock-set notice of
+/// wall-clock timers. Sources on work queues are not here: an idle pool worker waits
 /// for them in the poller and runs their calls itself, and while every
 /// worker computes the pool's monitor polls it (`PoolPoller`); a program
 /// that uses only queues and queue sources (and no wall-clock timer) never
@@ -65,7 +66,7 @@ enum EventReactor {
             prepare: {
                 _ = SignalWatch.Registry.observers
                 _ = SignalWatch.Registry.pool
-                _ = SignalWatch.Registry.reactor
+                _ = SignalWatch.Registry.loops
                 _ = FileSystemWatch.Registry.pool
                 _ = FileSystemWatch.Registry.reactor
                 _ = TimerQueue.shared
@@ -82,7 +83,7 @@ enum EventReactor {
         if let thread { _ = Unmanaged.passRetained(thread) }
         thread = nil
         SignalWatch.Registry.pool.childAfterFork()
-        SignalWatch.Registry.reactor.childAfterFork()
+        SignalWatch.Registry.loops.childAfterFork()
         SignalWatch.Registry.observers.childAfterFork()
         FileSystemWatch.Registry.pool.childAfterFork()
         FileSystemWatch.Registry.reactor.childAfterFork()

@@ -362,14 +362,14 @@ public final class EventSource: @unchecked Sendable, CustomStringConvertible {
     }
 
     /// Where a kind's kernel watch lives for `target` (see `WatchPlacement`):
-    /// on a loop target, in the loop's own backend, except for the
-    /// process-wide mechanisms, which the reactor watches; on a queue
+    /// on a loop target, in the loop's own backend, except for an inotify
+    /// instance, which the reactor watches; on a queue
     /// target, in the standard pool's poller (the reactor only if the pool
     /// has none). Starts nothing.
     static func placement(for target: Target, watch: any SourceWatch) -> WatchPlacement {
         switch target {
         case .loop(let loop, let modes):
-            return watch.isProcessWide ? .reactor : .loop(loop, modes: modes)
+            return watch.waitsOnTheReactorForLoops ? .reactor : .loop(loop, modes: modes)
         case .queue:
             if let poller = WorkerPool.standard.poller { return .pool(poller) }
             return .reactor

@@ -79,6 +79,14 @@ enum EventSourceCalls {
         return fd
     }
 
+    /// Makes one of Spindle's signal eventfds readable (a signal's count
+    /// brought to a new place by a move, to be handed over there now).
+    static func pokeEventfd(_ fd: Int32) {
+        guard fd >= 0 else { return }
+        let rc = cshims_eventfd_signal(fd)
+        if rc < 0 && rc != -EAGAIN { misuse("write of Spindle's signal eventfd \(fd) failed: \(errnoDescription(-rc))") }
+    }
+
     static func drainEventfd(_ fd: Int32) {
         let rc = cshims_eventfd_drain(fd)
         if rc < 0 { misuse("read of Spindle's signal eventfd \(fd) failed: \(errnoDescription(-rc))") }

@@ -58,7 +58,7 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
         links = stat.links
     }
 
-    var isProcessWide: Bool { true }
+    var waitsOnTheReactorForLoops: Bool { true }
 
     /// The inotify events that can produce `events`.
     var inotifyMask: UInt32 {

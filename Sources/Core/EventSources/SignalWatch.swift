@@ -1,24 +1,24 @@
 import CShims
 
-/// The watch of a signal source. Signals are process-wide, so one registry
-/// serves every signal source: the first source of a signal installs
-/// Spindle's observer for it (`cshims_signal_watch_install`: a `sigaction`
-/// handler that counts the delivery, writes one eventfd, and then does what
-/// the replaced disposition meant), and the last one to be cancelled puts
-/// the saved disposition back. The observer writes an eventfd per place
-/// that waits for signal sources: one watched in the pool's poller, for
-/// sources on work queues (the worker that sees it runs their calls), one
-/// on the reactor thread, for sources on loops (a loop cannot wait for a
-/// process-wide mechanism itself). When one is readable, each source of its
-/// registry gets the deliveries of its signal counted since it last looked.
+/// The watch of a signal source. Signals are process-wide: the first
+/// source of a signal installs Spindle's observer for it
+/// (`cshims_signal_watch_install`: a `sigaction` handler that counts the
+/// delivery, writes the eventfd of each place that waits for signal
+/// sources, and then does what the replaced disposition meant), and the
+/// last one to be cancelled puts the saved disposition back. The places: the
+/// pool's poller, for sources on work queues (the worker that sees the
+/// eventfd runs their calls), and each loop with signal sources, which
+/// watches an eventfd of its own (`Registry`). When one is readable, each
+/// source that waits there gets the deliveries of its signal counted since
+/// it last looked.
 ///
 /// No signal mask is touched (signalfd would need the signal blocked in
 /// every thread, which a library cannot arrange for threads it did not
 /// make), so any thread may take the signal.
 final class SignalWatch: SourceWatch, @unchecked Sendable {
     // @unchecked: `home` and `stopped` are guarded by `lock`; `seen`,
-    // `source` and `registered` by the registry's lock (taken inside
-    // `lock`, never the other way round).
+    // `source`, `registered` and `waiter` by the registry's lock (taken
+    // inside `lock`, never the other way round).
 
     let signal: Int32
     private let lock = GuardLock()
@@ -31,10 +31,10 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
     fileprivate var seen: UInt64 = 0
     fileprivate weak var source: EventSource?
     fileprivate var registered = false
+    /// The loop that waits for this watch (nil on the pool).
+    fileprivate var waiter: Registry.Waiter?
 
     init(signal: Int32) { self.signal = signal }
-
-    var isProcessWide: Bool { true }
 
     static func validate(_ signal: Int32) throws(EventSourceError) {
         switch cshims_signal_watch_refusal(signal) {
@@ -51,7 +51,7 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
             guard !stopped, home == nil else { return nil }
             let registry = Registry.at(placement)
             do throws(EventSourceError) {
-                try registry.add(self, for: source, seen: nil)
+                try registry.add(self, for: source, seen: nil, at: placement)
                 home = registry
                 return nil
             } catch {
@@ -62,17 +62,17 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
         if let failure { source.fail(failure) }
     }
 
-    /// Moves the watch between the pool's registry and the reactor's,
+    /// Moves the watch between the pool and a loop, or between loops,
     /// keeping its count: no delivery is lost or counted twice, and the
     /// observer stays installed throughout.
     func move(for source: EventSource, to placement: WatchPlacement) {
         let failure: EventSourceError? = lock.withLock {
             let next = Registry.at(placement)
-            guard !stopped, let old = home, old !== next else { return nil }
+            guard !stopped, let old = home else { return nil }
             let seen = old.remove(self, keepingObserver: true)
             home = nil
             do throws(EventSourceError) {
-                try next.add(self, for: source, seen: seen)
+                try next.add(self, for: source, seen: seen, at: placement)
                 home = next
                 return nil
             } catch {
@@ -84,7 +84,7 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
     }
 
     var placementName: String? {
-        lock.withLock { home.map { $0 === Registry.pool ? "pool" : "reactor" } }
+        lock.withLock { home?.placementName(of: self) }
     }
 
     func stop() {
@@ -131,63 +131,198 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
         }
     }
 
-    /// The signal sources of the process that wait in one place: the pool's
-    /// poller (`pool`) or the reactor thread (`reactor`).
+    /// The signal sources of the process, by where they wait: the pool's
+    /// poller (`pool`, for sources on work queues), or the loops (`loops`,
+    /// for sources on loops).
+    ///
+    /// The pool's sources share one eventfd (the observers' slot 0), which
+    /// the poller watches. On loops, each loop with signal sources waits
+    /// for them itself: it has a `Waiter`, an eventfd in a slot of its own
+    /// (2 and up) watched by a descriptor source in the loop, in every mode
+    /// its signal sources use; the loop's thread hands its sources their
+    /// deliveries and runs their calls with no other thread woken. When
+    /// every slot is taken, a loop's sources wait on the reactor thread
+    /// (slot 1), which hands each call to the loop, as before loops had
+    /// slots.
     final class Registry: @unchecked Sendable {
         // @unchecked: everything is guarded by `lock`.
 
         static let observers = Observers()
         /// Sources on work queues: their eventfd waits in the pool's poller.
-        static let pool = Registry(slot: 0)
-        /// Sources on loops: their eventfd waits on the reactor thread.
-        static let reactor = Registry(slot: 1)
+        static let pool = Registry(onPool: true)
+        /// Sources on loops: each waits in its own loop (or the reactor's).
+        static let loops = Registry(onPool: false)
 
         /// The registry for a watch placed at `placement`.
         static func at(_ placement: WatchPlacement) -> Registry {
             if case .pool = placement { return pool }
-            return reactor
+            return loops
         }
 
-        /// The observers' eventfd slot (`cshims_signal_watch_set_eventfd`).
-        private let slot: Int32
+        /// The observers' slot of the pool's eventfd, and of the reactor's.
+        private static let poolSlot: Int32 = 0
+        private static let reactorSlot: Int32 = 1
+
+        private let onPool: Bool
         private let lock = GuardLock()
+        /// The pool's eventfd (the pool's registry only).
         private var eventfd = ProcessWideDescriptor()
+        /// The loops that wait for signal sources, by loop (the loops'
+        /// registry only).
+        private var waiters: [ObjectIdentifier: Waiter] = [:]
+        /// Each slot's eventfd, made on its first use and kept for the
+        /// process: a waiter that ends leaves its descriptor to the slot's
+        /// next waiter, so that no descriptor closes while a loop may still
+        /// be taking its watch of it down.
+        private var slotDescriptors = [Int32](repeating: -1, count: Int(CSHIMS_SIGNAL_WATCH_SLOTS))
+        /// The loops' slots no waiter uses.
+        private var freeSlots = Array((2..<CSHIMS_SIGNAL_WATCH_SLOTS).reversed())
         private var watches: [Int32: [SignalWatch]] = [:]
         private var count = 0
 
-        private init(slot: Int32) { self.slot = slot }
+        private init(onPool: Bool) { self.onPool = onPool }
 
-        /// Where this registry's eventfd is watched; starts the reactor for
-        /// the reactor's registry (which may throw).
-        private func home() throws(EventSourceError) -> ProcessWideHome {
-            if slot == 0, let poller = WorkerPool.standard.poller { return .pool(poller) }
-            return .loop(try EventReactor.loop())
+        /// A loop that waits for signal sources itself: its slot's eventfd,
+        /// the descriptor source that watches it, the modes it is in.
+        fileprivate final class Waiter: @unchecked Sendable {
+            // @unchecked: `source`, `modes` and `users` are guarded by the
+            // registry's lock; the rest is immutable.
+            let loop: ThreadLoop
+            let slot: Int32
+            let fd: Int32
+            var source: LoopSource?
+            var modes: Set<LoopMode> = []
+            /// The watches that wait here.
+            var users = 0
+
+            init(loop: ThreadLoop, slot: Int32, fd: Int32) {
+                self.loop = loop
+                self.slot = slot
+                self.fd = fd
+            }
+
+            var isReactor: Bool { slot == Registry.reactorSlot }
         }
 
         /// Registers `watch` with `source`, counting deliveries from `seen`
-        /// (nil: from now). Installs the signal's observer unless the watch
-        /// brings its hold on it (`seen` given: a move).
-        func add(_ watch: SignalWatch, for source: EventSource, seen: UInt64?) throws(EventSourceError) {
+        /// (nil: from now), to wait at `placement`. Installs the signal's
+        /// observer unless the watch brings its hold on it (`seen` given: a
+        /// move).
+        func add(
+            _ watch: SignalWatch, for source: EventSource, seen: UInt64?, at placement: WatchPlacement
+        ) throws(EventSourceError) {
             // Before the lock: starting the reactor takes the reactor's
             // lock, which is never taken inside this one.
-            let home = try home()
-            lock.lock()
-            defer { lock.unlock() }
-            let fd = try eventfd.watch(at: home, EventSourceCalls.eventfd) { [unowned self] in self.deliver() }
-            EventSourceCalls.setSignalEventfd(slot: slot, fd)
+            var reactor: ThreadLoop? = nil
+            if case .reactor = placement { reactor = try EventReactor.loop() }
+            while true {
+                lock.lock()
+                let added: Bool
+                do throws(EventSourceError) {
+                    added = try addLocked(watch, for: source, seen: seen, at: placement, reactor: reactor)
+                } catch {
+                    lock.unlock()
+                    throw error
+                }
+                lock.unlock()
+                if added { return }
+                // Every loop slot is taken: the reactor waits for this loop.
+                reactor = try EventReactor.loop()
+            }
+        }
+
+        /// `add` under the lock. False when the watch needs the reactor
+        /// (every loop slot taken) and `reactor` is nil.
+        private func addLocked(
+            _ watch: SignalWatch, for source: EventSource, seen: UInt64?, at placement: WatchPlacement,
+            reactor: ThreadLoop?
+        ) throws(EventSourceError) -> Bool {
+            var waiter: Waiter? = nil
+            if case .pool(let poller) = placement {
+                precondition(onPool, "SignalWatch.Registry: a pool placement in the loops' registry")
+                let fd = try eventfd.watch(at: .pool(poller), EventSourceCalls.eventfd) { [unowned self] in self.deliver(nil) }
+                EventSourceCalls.setSignalEventfd(slot: Self.poolSlot, fd)
+            } else {
+                let (loop, modes): (ThreadLoop, [LoopMode])
+                if case .loop(let l, let m) = placement {
+                    (loop, modes) = (l, m)
+                } else {
+                    (loop, modes) = (reactor!, [.default])
+                }
+                guard let found = try self.waiter(for: loop, modes: modes, reactor: reactor) else { return false }
+                waiter = found
+            }
             if seen == nil {
                 do throws(EventSourceError) {
                     try Self.observers.retain(watch.signal)
                 } catch {
-                    if count == 0 { eventfd.unwatch() }
+                    if let waiter { release(waiter) } else if count == 0 { eventfd.unwatch() }
                     throw error
                 }
             }
             watch.source = source
-            watch.seen = seen ?? EventSourceCalls.signalCount(watch.signal)
+            watch.waiter = waiter
+            let now = EventSourceCalls.signalCount(watch.signal)
+            watch.seen = seen ?? now
             watch.registered = true
             watches[watch.signal, default: []].append(watch)
             count += 1
+            // A move that brings deliveries not yet handed over: the new
+            // place looks at once rather than at the next signal.
+            if watch.seen != now { EventSourceCalls.pokeEventfd(waiter?.fd ?? eventfd.fd) }
+            return true
+        }
+
+        /// The waiter of `loop`, in `modes` too: the existing one, a new one
+        /// in a free slot, or the reactor's when every slot is taken (nil
+        /// if `reactor` is not given then). Counts the caller as a user.
+        /// Under the lock.
+        private func waiter(for loop: ThreadLoop, modes: [LoopMode], reactor: ThreadLoop?) throws(EventSourceError) -> Waiter? {
+            var target = loop
+            if waiters[ObjectIdentifier(loop)] == nil && loop !== reactor && freeSlots.isEmpty {
+                guard let reactor else { return nil }
+                target = reactor
+            }
+            let waiter: Waiter
+            if let existing = waiters[ObjectIdentifier(target)] {
+                waiter = existing
+            } else {
+                let slot = target === reactor ? Self.reactorSlot : freeSlots.last!
+                var fd = slotDescriptors[Int(slot)]
+                if fd < 0 {
+                    fd = try EventSourceCalls.eventfd()
+                    slotDescriptors[Int(slot)] = fd
+                }
+                if slot != Self.reactorSlot { freeSlots.removeLast() }
+                waiter = Waiter(loop: target, slot: slot, fd: fd)
+                waiter.source = LoopSource(descriptor: fd) { [unowned self, weak waiter] _, _ in
+                    if let waiter { self.deliver(waiter) }
+                }
+                waiters[ObjectIdentifier(target)] = waiter
+                EventSourceCalls.setSignalEventfd(slot: slot, fd)
+            }
+            // The reactor waits in its default mode, whatever the source's:
+            // it hands the call to the source's loop, in the source's modes.
+            let wanted: [LoopMode] = target === loop ? modes : [.default]
+            for mode in wanted where !waiter.modes.contains(mode) {
+                waiter.modes.insert(mode)
+                target.add(waiter.source!, forMode: mode)
+            }
+            waiter.users += 1
+            return waiter
+        }
+
+        /// One watch less at `waiter`: the last ends it (its slot is free
+        /// again, its descriptor kept for the slot's next waiter). Under
+        /// the lock.
+        private func release(_ waiter: Waiter) {
+            waiter.users -= 1
+            guard waiter.users == 0 else { return }
+            waiters[ObjectIdentifier(waiter.loop)] = nil
+            waiter.source?.invalidate()
+            waiter.source = nil
+            EventSourceCalls.setSignalEventfd(slot: waiter.slot, -1)
+            if !waiter.isReactor { freeSlots.append(waiter.slot) }
         }
 
         /// Unregisters `watch` and returns its count; releases its hold on
@@ -205,23 +340,41 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
             if watches[watch.signal]?.isEmpty ?? false { watches[watch.signal] = nil }
             if !keepingObserver { Self.observers.release(watch.signal) }
             count -= 1
+            if let waiter = watch.waiter {
+                watch.waiter = nil
+                release(waiter)
+            }
             // Nothing left to wait for here: the poller may go unheld.
-            if count == 0 { eventfd.unwatch() }
+            if onPool && count == 0 { eventfd.unwatch() }
             return watch.seen
         }
 
-        /// Where the eventfd waits, when it is readable: hands each source
-        /// the deliveries of its signal since it last looked. The eventfd is
-        /// drained first, so a signal counted after the counts are read
-        /// writes it again and is delivered on the next round.
-        private func deliver() {
-            let fd = lock.withLock { eventfd.fd }
-            EventSourceCalls.drainEventfd(fd)
+        /// Where a watch waits now ("pool", "loop", "reactor").
+        func placementName(of watch: SignalWatch) -> String {
+            lock.withLock {
+                if onPool { return "pool" }
+                return watch.waiter?.isReactor ?? false ? "reactor" : "loop"
+            }
+        }
+
+        /// When the eventfd of `waiter` (nil: the pool's) is readable: hands
+        /// each source that waits there the deliveries of its signal since
+        /// it last looked. The eventfd is drained first, so a signal counted
+        /// after the counts are read writes it again and is delivered on
+        /// the next round.
+        private func deliver(_ waiter: Waiter?) {
             var due: [(EventSource, UInt64)] = []
             lock.withLock {
+                if let waiter {
+                    // Ended meanwhile: its slot's next waiter looks for itself.
+                    guard waiters[ObjectIdentifier(waiter.loop)] === waiter else { return }
+                    EventSourceCalls.drainEventfd(waiter.fd)
+                } else {
+                    EventSourceCalls.drainEventfd(eventfd.fd)
+                }
                 for (signal, list) in watches {
                     let count = EventSourceCalls.signalCount(signal)
-                    for watch in list where count != watch.seen {
+                    for watch in list where watch.waiter === waiter && count != watch.seen {
                         if let source = watch.source { due.append((source, count &- watch.seen)) }
                         watch.seen = count
                     }
@@ -231,14 +384,26 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
         }
 
         /// In a child after `fork()`: the parent's sources are not the
-        /// child's, and the eventfd is shared with the parent. The observers
-        /// stay installed (and keep chaining to the saved dispositions); the
-        /// child's first signal source makes a new eventfd, which they then
-        /// write.
+        /// child's, and the eventfds are shared with the parent. The
+        /// observers stay installed (and keep chaining to the saved
+        /// dispositions); the child's first signal source makes new
+        /// eventfds, which they then write. The parent's descriptors are
+        /// forgotten, not closed, and the loops' watches of them left alone
+        /// (the child has none of the parent's loops running).
         func childAfterFork() {
             lock.reinitializeAfterFork()
             eventfd.childAfterFork()
-            EventSourceCalls.setSignalEventfd(slot: slot, -1)
+            for waiter in waiters.values {
+                if let source = waiter.source { _ = Unmanaged.passRetained(source) }
+            }
+            if onPool {
+                EventSourceCalls.setSignalEventfd(slot: Self.poolSlot, -1)
+            } else {
+                for slot in 1..<CSHIMS_SIGNAL_WATCH_SLOTS { EventSourceCalls.setSignalEventfd(slot: slot, -1) }
+                slotDescriptors = [Int32](repeating: -1, count: Int(CSHIMS_SIGNAL_WATCH_SLOTS))
+                freeSlots = Array((2..<CSHIMS_SIGNAL_WATCH_SLOTS).reversed())
+            }
+            waiters = [:]
             watches = [:]
             count = 0
         }

@@ -6,10 +6,11 @@
 /// runs two calls at once); `stop` once at cancel (any thread), `finish`
 /// once after the cancel handler; `move` from `setTarget`.
 protocol SourceWatch: AnyObject, Sendable {
-    /// Whether the mechanism is process-wide (signals, inotify), so that a
-    /// loop cannot watch it for itself: such a watch is placed on the
-    /// reactor for a loop target (on the pool for a queue target).
-    var isProcessWide: Bool { get }
+    /// Whether a loop cannot wait for the mechanism itself (an inotify
+    /// instance, which one place shares among all its sources): such a
+    /// watch is placed on the reactor for a loop target (on the pool for a
+    /// queue target).
+    var waitsOnTheReactorForLoops: Bool { get }
     /// Starts watching at `placement`; events reach `source` through
     /// `add`/`or`/`replace`/`noteEvent`. A watch that cannot be made there
     /// fails the source (`EventSource.fail`).
@@ -32,7 +33,7 @@ protocol SourceWatch: AnyObject, Sendable {
 }
 
 extension SourceWatch {
-    var isProcessWide: Bool { false }
+    var waitsOnTheReactorForLoops: Bool { false }
     func take(for source: EventSource) -> UInt64? { source.nonZero(source.takeAccumulated()) }
     func handlerReturned(for source: EventSource) {}
     func finish() {}

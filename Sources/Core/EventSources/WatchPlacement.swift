@@ -7,9 +7,9 @@
 ///
 /// | placement | who waits | for |
 /// |---|---|---|
-/// | `loop` | the loop's own thread, in its backend, during passes in `modes` | descriptor, timer and process sources on a loop |
+/// | `loop` | the loop's own thread, in its backend, during passes in `modes` | descriptor, timer, process and signal sources on a loop |
 /// | `pool` | an idle worker of the standard pool, in its poller | every kind on a work queue |
-/// | `reactor` | the reactor thread ("spindle.events") | signal and file-system sources on a loop |
+/// | `reactor` | the reactor thread ("spindle.events") | file-system sources on a loop |
 enum WatchPlacement: Sendable {
     /// A loop's own backend, in these modes.
     case loop(ThreadLoop, modes: [LoopMode])
