@@ -51,8 +51,8 @@ import Synchronization
 /// descriptors of the queue sources' signal and file-system registries
 /// (an eventfd, an inotify instance: persistent registrations, re-armed by
 /// the holder). Sources whose handlers run on a `ThreadLoop` wait on their
-/// loop (or, process-wide, on the reactor thread), as does the clock-set
-/// notice.
+/// loop (file-system sources, whose inotify instance is shared, on the
+/// reactor thread, as does the clock-set notice).
 ///
 /// **Threads.** `register`, `rearm`, `deregister`, `wake` and
 /// `timersChanged` from any thread. `waitAndDispatch` only by the holder
