@@ -177,23 +177,24 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
         private var slotDescriptors = [Int32](repeating: -1, count: Int(CSHIMS_SIGNAL_WATCH_SLOTS))
         /// The loops' slots no waiter uses.
         private var freeSlots = Array((2..<CSHIMS_SIGNAL_WATCH_SLOTS).reversed())
-        private var watches: [Int32: [SignalWatch]] = [:]
-        private var count = 0
+        /// The pool's watches (the pool's registry only; a loop's are its
+        /// waiter's).
+        private var poolWatches: [SignalWatch] = []
 
         private init(onPool: Bool) { self.onPool = onPool }
 
         /// A loop that waits for signal sources itself: its slot's eventfd,
         /// the descriptor source that watches it, the modes it is in.
         fileprivate final class Waiter: @unchecked Sendable {
-            // @unchecked: `source`, `modes` and `users` are guarded by the
+            // @unchecked: `source`, `modes` and `watches` are guarded by the
             // registry's lock; the rest is immutable.
             let loop: ThreadLoop
             let slot: Int32
             let fd: Int32
             var source: LoopSource?
             var modes: Set<LoopMode> = []
-            /// The watches that wait here.
-            var users = 0
+            /// The watches that wait here; the last to leave ends the waiter.
+            var watches: [SignalWatch] = []
 
             init(loop: ThreadLoop, slot: Int32, fd: Int32) {
                 self.loop = loop
@@ -256,7 +257,7 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
                 do throws(EventSourceError) {
                     try Self.observers.retain(watch.signal)
                 } catch {
-                    if let waiter { release(waiter) } else if count == 0 { eventfd.unwatch() }
+                    if let waiter { endIfUnused(waiter) } else if poolWatches.isEmpty { eventfd.unwatch() }
                     throw error
                 }
             }
@@ -265,8 +266,7 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
             let now = EventSourceCalls.signalCount(watch.signal)
             watch.seen = seen ?? now
             watch.registered = true
-            watches[watch.signal, default: []].append(watch)
-            count += 1
+            if let waiter { waiter.watches.append(watch) } else { poolWatches.append(watch) }
             // A move that brings deliveries not yet handed over: the new
             // place looks at once rather than at the next signal.
             if watch.seen != now { EventSourceCalls.pokeEventfd(waiter?.fd ?? eventfd.fd) }
@@ -275,8 +275,8 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
 
         /// The waiter of `loop`, in `modes` too: the existing one, a new one
         /// in a free slot, or the reactor's when every slot is taken (nil
-        /// if `reactor` is not given then). Counts the caller as a user.
-        /// Under the lock.
+        /// if `reactor` is not given then). The caller adds its watch to
+        /// it, or ends it if unused (`endIfUnused`). Under the lock.
         private func waiter(for loop: ThreadLoop, modes: [LoopMode], reactor: ThreadLoop?) throws(EventSourceError) -> Waiter? {
             var target = loop
             if waiters[ObjectIdentifier(loop)] == nil && loop !== reactor && freeSlots.isEmpty {
@@ -308,16 +308,13 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
                 waiter.modes.insert(mode)
                 target.add(waiter.source!, forMode: mode)
             }
-            waiter.users += 1
             return waiter
         }
 
-        /// One watch less at `waiter`: the last ends it (its slot is free
-        /// again, its descriptor kept for the slot's next waiter). Under
-        /// the lock.
-        private func release(_ waiter: Waiter) {
-            waiter.users -= 1
-            guard waiter.users == 0 else { return }
+        /// Ends `waiter` if no watch waits there: its slot is free again,
+        /// its descriptor kept for the slot's next waiter. Under the lock.
+        private func endIfUnused(_ waiter: Waiter) {
+            guard waiter.watches.isEmpty else { return }
             waiters[ObjectIdentifier(waiter.loop)] = nil
             waiter.source?.invalidate()
             waiter.source = nil
@@ -330,22 +327,24 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
         func remove(_ watch: SignalWatch, keepingObserver: Bool) -> UInt64 {
             lock.lock()
             defer { lock.unlock() }
-            // Not in the list: never added, or added in the parent before a
-            // `fork()` (the child's registry starts empty).
-            guard watch.registered, let index = watches[watch.signal]?.firstIndex(where: { $0 === watch }) else {
-                return watch.seen
-            }
+            // Not in a list: never added, or added in the parent before a
+            // `fork()` (the child's registry starts empty, and the parent's
+            // waiters are not the child's to end).
+            let waiter = watch.waiter.flatMap { waiters[ObjectIdentifier($0.loop)] === $0 ? $0 : nil }
+            guard watch.registered,
+                  let index = (waiter?.watches ?? poolWatches).firstIndex(where: { $0 === watch })
+            else { return watch.seen }
             watch.registered = false
-            watches[watch.signal]?.remove(at: index)
-            if watches[watch.signal]?.isEmpty ?? false { watches[watch.signal] = nil }
+            watch.waiter = nil
             if !keepingObserver { Self.observers.release(watch.signal) }
-            count -= 1
-            if let waiter = watch.waiter {
-                watch.waiter = nil
-                release(waiter)
+            if let waiter {
+                waiter.watches.remove(at: index)
+                endIfUnused(waiter)
+            } else {
+                poolWatches.remove(at: index)
+                // Nothing left to wait for here: the poller may go unheld.
+                if poolWatches.isEmpty { eventfd.unwatch() }
             }
-            // Nothing left to wait for here: the poller may go unheld.
-            if onPool && count == 0 { eventfd.unwatch() }
             return watch.seen
         }
 
@@ -372,12 +371,11 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
                 } else {
                     EventSourceCalls.drainEventfd(eventfd.fd)
                 }
-                for (signal, list) in watches {
-                    let count = EventSourceCalls.signalCount(signal)
-                    for watch in list where watch.waiter === waiter && count != watch.seen {
-                        if let source = watch.source { due.append((source, count &- watch.seen)) }
-                        watch.seen = count
-                    }
+                for watch in waiter?.watches ?? poolWatches {
+                    let count = EventSourceCalls.signalCount(watch.signal)
+                    guard count != watch.seen else { continue }
+                    if let source = watch.source { due.append((source, count &- watch.seen)) }
+                    watch.seen = count
                 }
             }
             for (source, count) in due { source.add(count) }
@@ -404,8 +402,7 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
                 freeSlots = Array((2..<CSHIMS_SIGNAL_WATCH_SLOTS).reversed())
             }
             waiters = [:]
-            watches = [:]
-            count = 0
+            poolWatches = []
         }
     }
 }
