@@ -47,40 +47,50 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
     }
 
     func start(for source: EventSource, at placement: WatchPlacement) {
-        let failure: EventSourceError? = lock.withLock {
+        let outcome: Result<Registry.Attach, EventSourceError>? = lock.withLock {
             guard !stopped, home == nil else { return nil }
             let registry = Registry.at(placement)
             do throws(EventSourceError) {
-                try registry.add(self, for: source, seen: nil, at: placement)
+                let attach = try registry.add(self, for: source, seen: nil, at: placement)
                 home = registry
-                return nil
+                return .success(attach)
             } catch {
-                return error
+                return .failure(error)
             }
         }
-        // Outside the lock: failing cancels, and cancelling stops.
-        if let failure { source.fail(failure) }
+        Self.finish(outcome, for: source)
+    }
+
+    /// After `start` or `move`, outside the lock: failing cancels, and
+    /// cancelling stops; a loop that cannot watch its eventfd fails its
+    /// sources.
+    private static func finish(_ outcome: Result<Registry.Attach, EventSourceError>?, for source: EventSource) {
+        switch outcome {
+        case .success(let attach): attach.perform()
+        case .failure(let error): source.fail(error)
+        case nil: break
+        }
     }
 
     /// Moves the watch between the pool and a loop, or between loops,
     /// keeping its count: no delivery is lost or counted twice, and the
     /// observer stays installed throughout.
     func move(for source: EventSource, to placement: WatchPlacement) {
-        let failure: EventSourceError? = lock.withLock {
+        let outcome: Result<Registry.Attach, EventSourceError>? = lock.withLock {
             let next = Registry.at(placement)
             guard !stopped, let old = home else { return nil }
             let seen = old.remove(self, keepingObserver: true)
             home = nil
             do throws(EventSourceError) {
-                try next.add(self, for: source, seen: seen, at: placement)
+                let attach = try next.add(self, for: source, seen: seen, at: placement)
                 home = next
-                return nil
+                return .success(attach)
             } catch {
                 Registry.observers.release(signal)
-                return error
+                return .failure(error)
             }
         }
-        if let failure { source.fail(failure) }
+        Self.finish(outcome, for: source)
     }
 
     var placementName: String? {
@@ -208,17 +218,17 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
         /// Registers `watch` with `source`, counting deliveries from `seen`
         /// (nil: from now), to wait at `placement`. Installs the signal's
         /// observer unless the watch brings its hold on it (`seen` given: a
-        /// move).
+        /// move). Returns what the caller does outside its locks.
         func add(
             _ watch: SignalWatch, for source: EventSource, seen: UInt64?, at placement: WatchPlacement
-        ) throws(EventSourceError) {
+        ) throws(EventSourceError) -> Attach {
             // Before the lock: starting the reactor takes the reactor's
             // lock, which is never taken inside this one.
             var reactor: ThreadLoop? = nil
             if case .reactor = placement { reactor = try EventReactor.loop() }
             while true {
                 lock.lock()
-                let added: Bool
+                let added: Attach?
                 do throws(EventSourceError) {
                     added = try addLocked(watch, for: source, seen: seen, at: placement, reactor: reactor)
                 } catch {
@@ -226,18 +236,35 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
                     throw error
                 }
                 lock.unlock()
-                if added { return }
+                if let added { return added }
                 // Every loop slot is taken: the reactor waits for this loop.
                 reactor = try EventReactor.loop()
             }
         }
 
-        /// `add` under the lock. False when the watch needs the reactor
+        /// What is left of an `add` for its caller to do outside every
+        /// lock: add a waiter's descriptor source to its loop in the modes
+        /// it is not in yet (nothing on the pool). A loop that cannot watch
+        /// the eventfd fails the waiter's sources then, and failing cancels
+        /// them, which takes the watch's lock and the registry's.
+        struct Attach {
+            fileprivate var loop: ThreadLoop?
+            fileprivate var source: LoopSource?
+            fileprivate var modes: [LoopMode] = []
+
+            func perform() {
+                guard let loop, let source else { return }
+                for mode in modes { loop.add(source, forMode: mode) }
+            }
+        }
+
+        /// `add` under the lock. Nil when the watch needs the reactor
         /// (every loop slot taken) and `reactor` is nil.
         private func addLocked(
             _ watch: SignalWatch, for source: EventSource, seen: UInt64?, at placement: WatchPlacement,
             reactor: ThreadLoop?
-        ) throws(EventSourceError) -> Bool {
+        ) throws(EventSourceError) -> Attach? {
+            var attach = Attach()
             var waiter: Waiter? = nil
             if case .pool(let poller) = placement {
                 precondition(onPool, "SignalWatch.Registry: a pool placement in the loops' registry")
@@ -250,8 +277,9 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
                 } else {
                     (loop, modes) = (reactor!, [.default])
                 }
-                guard let found = try self.waiter(for: loop, modes: modes, reactor: reactor) else { return false }
+                guard let (found, missing) = try self.waiter(for: loop, modes: modes, reactor: reactor) else { return nil }
                 waiter = found
+                attach = Attach(loop: found.loop, source: found.source, modes: missing)
             }
             if seen == nil {
                 do throws(EventSourceError) {
@@ -270,14 +298,18 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
             // A move that brings deliveries not yet handed over: the new
             // place looks at once rather than at the next signal.
             if watch.seen != now { EventSourceCalls.pokeEventfd(waiter?.fd ?? eventfd.fd) }
-            return true
+            return attach
         }
 
         /// The waiter of `loop`, in `modes` too: the existing one, a new one
         /// in a free slot, or the reactor's when every slot is taken (nil
         /// if `reactor` is not given then). The caller adds its watch to
-        /// it, or ends it if unused (`endIfUnused`). Under the lock.
-        private func waiter(for loop: ThreadLoop, modes: [LoopMode], reactor: ThreadLoop?) throws(EventSourceError) -> Waiter? {
+        /// it, or ends it if unused (`endIfUnused`), and adds the waiter's
+        /// descriptor source to its loop in the modes returned (`Attach`),
+        /// outside the lock. Under the lock.
+        private func waiter(
+            for loop: ThreadLoop, modes: [LoopMode], reactor: ThreadLoop?
+        ) throws(EventSourceError) -> (Waiter, missing: [LoopMode])? {
             var target = loop
             if waiters[ObjectIdentifier(loop)] == nil && loop !== reactor && freeSlots.isEmpty {
                 guard let reactor else { return nil }
@@ -295,7 +327,12 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
                 }
                 if slot != Self.reactorSlot { freeSlots.removeLast() }
                 waiter = Waiter(loop: target, slot: slot, fd: fd)
-                waiter.source = LoopSource(descriptor: fd) { [unowned self, weak waiter] _, _ in
+                waiter.source = LoopSource(
+                    descriptor: fd,
+                    failed: { [unowned self, weak waiter] _, error in
+                        if let waiter { self.failSources(of: waiter, .watchFailed(error)) }
+                    }
+                ) { [unowned self, weak waiter] _, _ in
                     if let waiter { self.deliver(waiter) }
                 }
                 waiters[ObjectIdentifier(target)] = waiter
@@ -304,11 +341,18 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
             // The reactor waits in its default mode, whatever the source's:
             // it hands the call to the source's loop, in the source's modes.
             let wanted: [LoopMode] = target === loop ? modes : [.default]
-            for mode in wanted where !waiter.modes.contains(mode) {
-                waiter.modes.insert(mode)
-                target.add(waiter.source!, forMode: mode)
+            let missing = wanted.filter { !waiter.modes.contains($0) }
+            waiter.modes.formUnion(missing)
+            return (waiter, missing)
+        }
+
+        /// `waiter`'s loop could not watch its eventfd: its sources fail
+        /// (with nothing to wait in, they would never hear of a delivery).
+        private func failSources(of waiter: Waiter, _ error: EventSourceError) {
+            let sources = lock.withLock {
+                waiters[ObjectIdentifier(waiter.loop)] === waiter ? waiter.watches.compactMap(\.source) : []
             }
-            return waiter
+            for source in sources { source.fail(error) }
         }
 
         /// Ends `waiter` if no watch waits there: its slot is free again,
@@ -379,6 +423,16 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
                 }
             }
             for (source, count) in due { source.add(count) }
+        }
+
+        /// In the parent before `fork()`: uses the generic types
+        /// `childAfterFork` uses, so that their metadata exists (a debug
+        /// build makes it on first use, under a runtime lock that another
+        /// thread of the parent may hold at the fork).
+        func prepareForFork() {
+            lock.withLock {
+                for waiter in waiters.values { if let source = waiter.source { _ = Unmanaged.passUnretained(source) } }
+            }
         }
 
         /// In a child after `fork()`: the parent's sources are not the
