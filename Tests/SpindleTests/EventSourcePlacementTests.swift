@@ -1,10 +1,10 @@
 // Where each kind of source's kernel watch lives (`WatchPlacement`): on a
 // work queue every kind waits in the pool's poller, with no hand-off
-// through the reactor thread; on a loop, descriptors, process exits and
-// signals wait in the loop's own backend (signals on the reactor beyond the
-// observer's slots) and inotify on the reactor; `setTarget` moves the
-// watch, and events keep coming (signal counts stay exact across the
-// moves).
+// through the reactor thread; on a loop, every kind waits in the loop's own
+// backend (signals beyond the observer's slots, and file-system sources
+// beyond 16 loops with an inotify instance each, on the reactor);
+// `setTarget` moves the watch, and events keep coming (signal counts stay
+// exact across the moves).
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -51,9 +51,9 @@ struct EventSourcePlacementTests {
         }
     }
 
-    /// A file-system source: in the pool for a queue, on the reactor for a
+    /// A file-system source: in the pool for a queue, in the loop for a
     /// loop; a write is reported at each place, on the right thread.
-    @Test func fileSystemSourcesWaitInThePoolForQueuesAndOnTheReactorForLoops() throws {
+    @Test func fileSystemSourcesWaitInThePoolForQueuesAndInTheirLoopForLoops() throws {
         let loop = try HandlerPlace(.loop, label: "placement.vnode")
         defer { loop.close() }
         let path = scratchPath("placement-vnode")
@@ -73,7 +73,7 @@ struct EventSourcePlacementTests {
         #expect(pwrite(fd, "a", 1, 0) == 1)
         #expect(called.wait(timeout: .seconds(10)) == .completed)
         source.setTarget(loop.target)
-        #expect(source.watchPlacementName == "reactor")
+        #expect(source.watchPlacementName == "loop")
         #expect(pwrite(fd, "b", 1, 1) == 1)
         #expect(called.wait(timeout: .seconds(10)) == .completed)
         let calls = seen.withLock { $0 }
@@ -119,7 +119,7 @@ struct EventSourcePlacementTests {
         defer { EventSource.setFileSystemMoveProbe(nil) }
 
         source.setTarget(.loop(loop))
-        #expect(source.watchPlacementName == "reactor")
+        #expect(source.watchPlacementName == "loop")
         #expect(probed.withLock { $0 } >= 1, "the move did not run the probe")
         #expect(eventually { onLoop.withLock { $0 } >= 1 }, "the write made during the move to the \(kind) loop was lost")
 
@@ -146,6 +146,43 @@ struct EventSourcePlacementTests {
         #expect(source.watchPlacementName == "pool")
         #expect(probed.withLock { $0 } >= 2, "the move did not run the probe")
         #expect(eventually { onQueue.withLock { $0 } > queued }, "the write made during the move to the queue was lost")
+    }
+
+    /// Each loop with file-system sources waits for them in an inotify
+    /// instance of its own, up to 16 loops, with no reactor thread; the
+    /// sources of a 17th wait on the reactor, and still run on their loop.
+    /// Every source on every loop reports a write, on its loop; a loop's
+    /// last source cancelled ends its registration, whose instance the
+    /// next loop reuses (no new descriptor); a source moved from the
+    /// reactor to a loop with an instance joins it.
+    @Test func eachLoopWaitsForItsFileSystemSourcesUpToTheBoundThenTheReactor() async {
+        await #expect(processExitsWith: .success) {
+            armHangAlarm(seconds: 120)
+            exit(fileSystemSourcesOnManyLoops())
+        }
+    }
+
+    /// A loop waits for its file-system sources in their modes: a source in
+    /// a mode of its own gets nothing while the loop runs in another mode,
+    /// and the write once the loop runs in its mode.
+    @Test func aLoopWaitsForAFileSystemSourceInTheSourcesModes() async {
+        await #expect(processExitsWith: .success) {
+            armHangAlarm(seconds: 60)
+            exit(fileSystemSourceInAModeOfItsOwn())
+        }
+    }
+
+    /// After `fork()`, a child's file-system and signal sources on a loop
+    /// of its own wait in that loop and get their events, and the parent's
+    /// sources on its loop keep getting theirs: the child's registries
+    /// start empty (the parent's loops, inotify instance and eventfd are
+    /// not the child's to read or end).
+    @Test func aForkedChildsLoopSourcesWaitInItsOwnLoop() async {
+        await #expect(processExitsWith: .success) {
+            unblockAllSignals()
+            armHangAlarm(seconds: 60)
+            exit(loopSourcesAcrossFork())
+        }
     }
 
     /// A process source: in the pool for a queue, in the loop's own backend
@@ -321,5 +358,207 @@ private func signalSourceInAModeOfItsOwn() -> Int32 {
         loop.run(mode: mode, timeout: .milliseconds(100))
     }
     guard calls.withLock({ $0 }) == 1 else { return 5 }
+    return 0
+}
+
+/// How many of this process's descriptors are inotify instances.
+private func inotifyInstanceCount() -> Int {
+    guard let dir = opendir("/proc/self/fd") else { return -1 }
+    defer { closedir(dir) }
+    var count = 0
+    while let entry = readdir(dir) {
+        let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
+        var buffer = [UInt8](repeating: 0, count: 256)
+        let n = buffer.withUnsafeMutableBytes {
+            readlink("/proc/self/fd/\(name)", $0.baseAddress!.assumingMemoryBound(to: CChar.self), $0.count)
+        }
+        if n > 0 && String(decoding: buffer[0..<n], as: UTF8.self) == "anon_inode:inotify" { count += 1 }
+    }
+    return count
+}
+
+/// Whether the reactor thread ("spindle.events") runs in this process.
+private func reactorIsRunning() -> Bool {
+    guard let dir = opendir("/proc/self/task") else { return false }
+    defer { closedir(dir) }
+    while let entry = readdir(dir) {
+        let tid = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
+        if procFileText("/proc/self/task/\(tid)/comm")?.hasPrefix("spindle.events") == true { return true }
+    }
+    return false
+}
+
+/// `eachLoopWaitsForItsFileSystemSourcesUpToTheBoundThenTheReactor` in its
+/// own process: 0, or the failed check.
+private func fileSystemSourcesOnManyLoops() -> Int32 {
+    // 16 loops with instances of their own, a 17th on the reactor, a spare.
+    let count = 17
+    var loops: [HandlerPlace] = []
+    defer { for loop in loops { loop.close() } }
+    for i in 0..<count + 1 {
+        guard let loop = try? HandlerPlace(.loop, label: "placement.files.\(i)") else { return 2 }
+        loops.append(loop)
+    }
+    let path = scratchPath("placement-files")
+    guard writeFile(path, pattern(10)) else { return 3 }
+    defer { unlink(path) }
+    let fd = open(path, O_RDWR)
+    guard fd >= 0 else { return 4 }
+    defer { close(fd) }
+    // Per source: the loops its write calls ran on (-1: none of them).
+    let ranOn = LockedValue([[Int]](repeating: [], count: count + 1))
+    let places = loops
+    func makeSource(_ i: Int, on place: HandlerPlace) -> EventSource? {
+        guard let source = try? EventSource.fileSystemObject(descriptor: fd, events: .write, on: place.target) else { return nil }
+        source.setEventHandler { s in
+            guard s.fileEvents.contains(.write) else { return }
+            let here = places.firstIndex { $0.isCurrent } ?? -1
+            ranOn.withLock { $0[i].append(here) }
+        }
+        source.activate()
+        return source
+    }
+    func calls(_ i: Int) -> Int { ranOn.withLock { $0[i].count } }
+    let instancesBefore = inotifyInstanceCount()
+    var sources: [EventSource] = []
+    defer { for source in sources { source.cancel() } }
+    for i in 0..<count - 1 {
+        guard let source = makeSource(i, on: loops[i]) else { return 5 }
+        sources.append(source)
+        guard source.watchPlacementName == "loop" else { return 6 }
+    }
+    // No thread but the loops' own waits for their files.
+    guard !reactorIsRunning() else { return 7 }
+    guard let last = makeSource(count - 1, on: loops[count - 1]) else { return 8 }
+    sources.append(last)
+    guard last.watchPlacementName == "reactor", reactorIsRunning() else { return 9 }
+    let instances = inotifyInstanceCount()
+    guard instances == instancesBefore + count else { return 10 }
+    guard pwrite(fd, "a", 1, 0) == 1 else { return 11 }
+    guard eventually({ (0..<count).allSatisfy { calls($0) >= 1 } }) else { return 12 }
+    // The first loop's instance is left by its only source's cancel, and
+    // reused for the spare loop's source.
+    sources[0].cancel()
+    guard let spare = makeSource(count, on: loops[count]) else { return 13 }
+    sources.append(spare)
+    guard spare.watchPlacementName == "loop", inotifyInstanceCount() == instances else { return 14 }
+    // The source waiting on the reactor moves to a loop with an instance.
+    sources[count - 1].setTarget(loops[1].target)
+    guard sources[count - 1].watchPlacementName == "loop" else { return 15 }
+    usleep(50_000)
+    let before = ranOn.withLock { $0.map(\.count) }
+    guard pwrite(fd, "b", 1, 1) == 1 else { return 16 }
+    guard eventually({ (1...count).allSatisfy { calls($0) > before[$0] } }) else { return 17 }
+    usleep(50_000)
+    guard calls(0) == before[0] else { return 18 }
+    // Every call ran on its source's loop; the moved source's after the
+    // move on loop 1, its new target.
+    let seen = ranOn.withLock { $0 }
+    for i in 0...count where i != count - 1 && seen[i].contains(where: { $0 != i }) { return 19 }
+    guard seen[count - 1].first == count - 1, seen[count - 1].last == 1 else { return 20 }
+    return 0
+}
+
+/// `aLoopWaitsForAFileSystemSourceInTheSourcesModes` in its own process: 0,
+/// or the failed check.
+private func fileSystemSourceInAModeOfItsOwn() -> Int32 {
+    let loop = ThreadLoop.current
+    let mode: LoopMode = "placement.files.mode"
+    let keep = LoopSource { _ in }  // keeps the default mode from being empty
+    loop.add(keep, forMode: .default)
+    defer { keep.invalidate() }
+    let path = scratchPath("placement-files-mode")
+    guard writeFile(path, pattern(10)) else { return 2 }
+    defer { unlink(path) }
+    let fd = open(path, O_RDWR)
+    guard fd >= 0 else { return 3 }
+    defer { close(fd) }
+    let calls = LockedValue(0)
+    guard let source = try? EventSource.fileSystemObject(descriptor: fd, events: .write, on: .loop(loop, modes: [mode]))
+    else { return 4 }
+    source.setEventHandler { s in if s.fileEvents.contains(.write) { calls.withLock { $0 += 1 } } }
+    source.activate()
+    defer { source.cancel() }
+    guard source.watchPlacementName == "loop" else { return 5 }
+    guard pwrite(fd, "a", 1, 0) == 1 else { return 6 }
+    loop.run(mode: .default, timeout: .milliseconds(100))
+    guard calls.withLock({ $0 }) == 0 else { return 7 }
+    let deadline = MonotonicClock.now.advanced(by: .seconds(10))
+    while calls.withLock({ $0 }) == 0 && MonotonicClock.now < deadline {
+        loop.run(mode: mode, timeout: .milliseconds(100))
+    }
+    guard calls.withLock({ $0 }) == 1 else { return 8 }
+    return 0
+}
+
+/// A file-system source (writes) and a SIGUSR1 source on `place`, counting
+/// the calls that ran there.
+private func watchFileAndSignal(
+    _ fd: Int32, on place: HandlerPlace
+) -> (file: EventSource, signal: EventSource, calls: LockedValue<(file: Int, signal: UInt64, elsewhere: Int)>)? {
+    let calls = LockedValue((file: 0, signal: UInt64(0), elsewhere: 0))
+    guard let file = try? EventSource.fileSystemObject(descriptor: fd, events: .write, on: place.target),
+          let signal = try? EventSource.signal(SIGUSR1, on: place.target)
+    else { return nil }
+    file.setEventHandler { s in
+        let here = place.isCurrent
+        if s.fileEvents.contains(.write) { calls.withLock { $0.file += 1; if !here { $0.elsewhere += 1 } } }
+    }
+    signal.setEventHandler { s in
+        let here = place.isCurrent
+        calls.withLock { $0.signal += s.data; if !here { $0.elsewhere += 1 } }
+    }
+    file.activate()
+    signal.activate()
+    return (file, signal, calls)
+}
+
+/// `aForkedChildsLoopSourcesWaitInItsOwnLoop` in its own process: 0, or
+/// the failed check (20 and up: the child's).
+private func loopSourcesAcrossFork() -> Int32 {
+    signal(SIGUSR1, SIG_IGN)
+    let path = scratchPath("placement-fork")
+    guard writeFile(path, pattern(10)) else { return 2 }
+    defer { unlink(path) }
+    let fd = open(path, O_RDWR)
+    guard fd >= 0 else { return 3 }
+    defer { close(fd) }
+    guard let place = try? HandlerPlace(.loop, label: "placement.fork.parent") else { return 4 }
+    defer { place.close() }
+    guard let (file, signal, calls) = watchFileAndSignal(fd, on: place) else { return 5 }
+    defer { file.cancel(); signal.cancel() }
+    guard pwrite(fd, "a", 1, 0) == 1, raise(SIGUSR1) == 0 else { return 6 }
+    guard eventually({ calls.withLock { $0.file >= 1 && $0.signal == 1 } }) else { return 7 }
+    usleep(20_000)
+    let firstFile = calls.withLock { $0.file }
+
+    let child = fork()
+    if child == 0 {
+        armHangAlarm(seconds: 30)
+        guard let own = try? HandlerPlace(.loop, label: "placement.fork.child") else { _exit(20) }
+        guard let (childFile, childSignal, childCalls) = watchFileAndSignal(fd, on: own) else { _exit(21) }
+        guard childFile.watchPlacementName == "loop", childSignal.watchPlacementName == "loop" else { _exit(22) }
+        guard pwrite(fd, "c", 1, 1) == 1, raise(SIGUSR1) == 0 else { _exit(23) }
+        guard eventually({ childCalls.withLock { $0.file >= 1 && $0.signal == 1 } }) else { _exit(24) }
+        guard childCalls.withLock({ $0.elsewhere }) == 0 else { _exit(25) }
+        childFile.cancel()
+        childSignal.cancel()
+        own.close()
+        _exit(0)
+    }
+    guard child > 0 else { return 8 }
+    var status: Int32 = 0
+    guard waitpid(child, &status, 0) == child else { return 9 }
+    // WEXITSTATUS, which Swift does not import: the child's failed check.
+    guard status & 0x7f == 0 else { return 10 }
+    if (status >> 8) & 0xff != 0 { return (status >> 8) & 0xff }
+    // The parent's sources still hear of what happens after the fork (its
+    // file source heard the child's write too: the watch is on the file).
+    usleep(20_000)
+    let afterChild = calls.withLock { $0.file }
+    guard afterChild >= firstFile else { return 11 }
+    guard pwrite(fd, "p", 1, 2) == 1, raise(SIGUSR1) == 0 else { return 11 }
+    guard eventually({ calls.withLock { $0.file > afterChild && $0.signal == 2 } }) else { return 12 }
+    guard calls.withLock({ $0.elsewhere }) == 0 else { return 13 }
     return 0
 }

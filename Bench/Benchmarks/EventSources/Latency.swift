@@ -4,9 +4,9 @@
 //
 // - sources.signal: from just before kill(getpid(), SIGUSR2) to the
 //   handler. Spindle's signal source (its observer chains to the program's
-//   disposition, here SIG_IGN) on a WorkQueue and on a ThreadLoop (signals
-//   always go through the reactor thread, which then hands the call to the
-//   loop), beside DispatchSource.makeSignalSource (the reference). Dispatch
+//   disposition, here SIG_IGN, and writes an eventfd that the pool's poller,
+//   or the loop itself, waits for) on a WorkQueue and on a ThreadLoop,
+//   beside DispatchSource.makeSignalSource (the reference). Dispatch
 //   replaces the disposition with its own handler, which blocks the signal
 //   in the thread that takes it and raises it again for its signalfd;
 //   SIGUSR2 is set to SIG_IGN before its source is made, and each benchmark
@@ -20,8 +20,9 @@
 //   once the source's registration handler has run (or the waiting thread
 //   has started) and 0.5 ms more have passed, so the watch is in place.
 // - sources.vnode write: from just before a 1-byte pwrite() to a watched
-//   file to the handler. Spindle's file-system object source (inotify, on
-//   the reactor) on a WorkQueue and on a ThreadLoop, beside a thread blocked
+//   file to the handler. Spindle's file-system object source (inotify: the
+//   pool's instance, waited for in its poller, for the WorkQueue; the loop's
+//   own, in its backend, for the ThreadLoop), beside a thread blocked
 //   in read() on an inotify descriptor of its own that watches the same file
 //   for IN_MODIFY (the reference: the floor; Dispatch on Linux has no vnode
 //   source).

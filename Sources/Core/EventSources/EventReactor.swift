@@ -5,10 +5,9 @@ import Glibc
 /// The event driver's fallback thread ("spindle.events"): a `ThreadLoop`
 /// on a thread of its own, started on first use and running for the rest
 /// of the process. It waits for what neither a loop nor the pool's poller
-/// can: the inotify instance of file-system sources whose handlers run on
-/// loops (one instance serves them all: a loop cannot wait for it itself),
-/// the signal sources of loops beyond those that wait for signals
-/// themselves (`SignalWatch.Registry`), and the clock-set notice of
+/// does: the signal and file-system sources of loops beyond those that
+/// wait for them themselves (`SignalWatch.Registry`,
+/// `FileSystemWatch.LoopRegistries`), and the clock-set notice of
 /// wall-clock timers. Sources on work queues are not here: an idle pool worker waits
 /// for them in the poller and runs their calls itself, and while every
 /// worker computes the pool's monitor polls it (`PoolPoller`); a program
@@ -59,16 +58,18 @@ enum EventReactor {
 
     /// The event sources' fork handlers (`ForkHandlers`), registered with
     /// the first event source. In the parent: make every registry the child
-    /// handler resets. In the child: `childAfterFork`.
+    /// handler resets, and the metadata of what it goes through. In the
+    /// child: `childAfterFork`.
     static let forkHandlersRegistered: Void = {
         ForkHandlers.register(
             .eventSources,
             prepare: {
                 _ = SignalWatch.Registry.observers
                 _ = SignalWatch.Registry.pool
-                _ = SignalWatch.Registry.loops
+                SignalWatch.Registry.loops.prepareForFork()
                 _ = FileSystemWatch.Registry.pool
                 _ = FileSystemWatch.Registry.reactor
+                FileSystemWatch.Registry.loops.prepareForFork()
                 _ = TimerQueue.shared
                 _ = TimerWatch.WallClockRegistry.shared
             },
@@ -87,6 +88,7 @@ enum EventReactor {
         SignalWatch.Registry.observers.childAfterFork()
         FileSystemWatch.Registry.pool.childAfterFork()
         FileSystemWatch.Registry.reactor.childAfterFork()
+        FileSystemWatch.Registry.loops.childAfterFork()
         // The timer heap: the queues' stage (`WorkerPool`), since
         // `async(after:)` uses it without any event source.
         TimerWatch.WallClockRegistry.shared.childAfterFork()

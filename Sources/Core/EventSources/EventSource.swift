@@ -280,7 +280,7 @@ public final class EventSource: @unchecked Sendable, CustomStringConvertible {
         }
         guard first else { return }
         if !isCancelled, let watch {
-            watch.start(for: self, at: Self.placement(for: target, watch: watch))
+            watch.start(for: self, at: Self.placement(for: target))
         }
         var s = state.load(ordering: .relaxed)
         while true {
@@ -356,20 +356,21 @@ public final class EventSource: @unchecked Sendable, CustomStringConvertible {
             return (guarded.target, guarded.activated)
         }
         guard activated, !isCancelled, let watch else { return }
-        let before = Self.placement(for: old, watch: watch)
-        let after = Self.placement(for: target, watch: watch)
+        let before = Self.placement(for: old)
+        let after = Self.placement(for: target)
         if !before.isSame(as: after) { watch.move(for: self, to: after) }
     }
 
     /// Where a kind's kernel watch lives for `target` (see `WatchPlacement`):
-    /// on a loop target, in the loop's own backend, except for an inotify
-    /// instance, which the reactor watches; on a queue
+    /// on a loop target, in the loop's own backend (the signal and
+    /// file-system registries may still have the reactor wait for a loop
+    /// when the loop cannot have a descriptor of its own); on a queue
     /// target, in the standard pool's poller (the reactor only if the pool
     /// has none). Starts nothing.
-    static func placement(for target: Target, watch: any SourceWatch) -> WatchPlacement {
+    static func placement(for target: Target) -> WatchPlacement {
         switch target {
         case .loop(let loop, let modes):
-            return watch.waitsOnTheReactorForLoops ? .reactor : .loop(loop, modes: modes)
+            return .loop(loop, modes: modes)
         case .queue:
             if let poller = WorkerPool.standard.poller { return .pool(poller) }
             return .reactor

@@ -6,11 +6,6 @@
 /// runs two calls at once); `stop` once at cancel (any thread), `finish`
 /// once after the cancel handler; `move` from `setTarget`.
 protocol SourceWatch: AnyObject, Sendable {
-    /// Whether a loop cannot wait for the mechanism itself (an inotify
-    /// instance, which one place shares among all its sources): such a
-    /// watch is placed on the reactor for a loop target (on the pool for a
-    /// queue target).
-    var waitsOnTheReactorForLoops: Bool { get }
     /// Starts watching at `placement`; events reach `source` through
     /// `add`/`or`/`replace`/`noteEvent`. A watch that cannot be made there
     /// fails the source (`EventSource.fail`).
@@ -33,7 +28,6 @@ protocol SourceWatch: AnyObject, Sendable {
 }
 
 extension SourceWatch {
-    var waitsOnTheReactorForLoops: Bool { false }
     func take(for source: EventSource) -> UInt64? { source.nonZero(source.takeAccumulated()) }
     func handlerReturned(for source: EventSource) {}
     func finish() {}

@@ -1,15 +1,22 @@
 /// Where the kernel watch of an event source lives, and so which thread
 /// waits for it. `EventSource` decides it from the source's target and kind
-/// (`EventSource.placement(for:watch:)`); each `SourceWatch` reads it in
+/// (`EventSource.placement(for:)`); each `SourceWatch` reads it in
 /// `start` and `move`. Reading it starts nothing: only a watch that is
 /// placed on the reactor asks for the reactor's loop (`EventReactor.loop()`),
 /// and that may throw.
 ///
 /// | placement | who waits | for |
 /// |---|---|---|
-/// | `loop` | the loop's own thread, in its backend, during passes in `modes` | descriptor, timer, process and signal sources on a loop |
+/// | `loop` | the loop's own thread, in its backend, during passes in `modes` | every kind on a loop (see below) |
 /// | `pool` | an idle worker of the standard pool, in its poller | every kind on a work queue |
-/// | `reactor` | the reactor thread ("spindle.events") | file-system sources on a loop |
+/// | `reactor` | the reactor thread ("spindle.events") | every kind on a work queue if the standard pool has no poller |
+///
+/// Signal and file-system sources on a loop wait for a descriptor the
+/// loop's sources of that kind share (an eventfd the signal observer
+/// writes, an inotify instance). Their registries give each loop its own,
+/// up to a bound (`SignalWatch.Registry`, `FileSystemWatch.LoopRegistries`);
+/// the sources of loops beyond it wait on the reactor, which hands each
+/// call to the source's loop.
 enum WatchPlacement: Sendable {
     /// A loop's own backend, in these modes.
     case loop(ThreadLoop, modes: [LoopMode])
