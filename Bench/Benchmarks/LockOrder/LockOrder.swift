@@ -10,6 +10,11 @@
 // - lockorder.nested pair: an outer Lock held while an inner one is
 //   acquired and released: one edge, checked once, then found in the
 //   thread's chain cache on every later pair.
+// - lockorder.fresh nesting: an outer Lock held while a Lock made for the
+//   iteration is acquired and released, then freed: a new edge every time
+//   (searched for a cycle, the acquisition's place captured) and a node
+//   forgotten, as in a program that locks freshly made objects. Its
+//   reference makes and nests a fresh Mutex the same way.
 //
 // The reference in both is Synchronization.Mutex doing the same, which no
 // checker sees; the Locks target's lock.uncontended group measures the same
@@ -71,4 +76,37 @@ let benchmarks: @Sendable () -> Void = {
             ]
         )
     }
+
+    do {
+        let outer = Spindle.Lock()
+        let outerMutex = allocateOnOwnCacheLine(Mutex(()))
+        sideBySide(
+            group: "lockorder.fresh nesting",
+            settings: settings,
+            spindle: { benchmark in
+                LockOrder.enable()
+                benchmark.repeatOperation {
+                    let inner = Spindle.Lock()
+                    outer.lock()
+                    inner.lock()
+                    inner.unlock()
+                    outer.unlock()
+                }
+            },
+            peers: [
+                .reference("Synchronization.Mutex") { benchmark in
+                    benchmark.repeatOperation {
+                        let inner = FreshMutex()
+                        outerMutex.pointee.withLock { _ in inner.mutex.withLock { _ in } }
+                    }
+                },
+            ]
+        )
+    }
+}
+
+/// A Mutex on the heap, made for one iteration (as `Spindle.Lock`, a class,
+/// is).
+final class FreshMutex: Sendable {
+    let mutex = Mutex(())
 }
