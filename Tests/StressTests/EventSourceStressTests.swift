@@ -111,6 +111,11 @@ private func pidfdCount() -> Int { descriptorNames().values.filter { $0.contains
 private func blockedSignalsByThread() -> [String: String] {
     var masks: [String: String] = [:]
     for tid in directoryEntries("/proc/self/task") {
+        // Keyed by the thread's id and start time: with pid_max at 32768
+        // (this machine's), the other tests' forks and threads can bring a
+        // dead thread's id back for a new thread during the storm, which is
+        // not the thread the first look saw.
+        guard let started = threadStartTime(tid) else { continue }
         let fd = open("/proc/self/task/\(tid)/status", O_RDONLY)
         guard fd >= 0 else { continue }
         var bytes = [UInt8](repeating: 0, count: 8192)
@@ -119,9 +124,21 @@ private func blockedSignalsByThread() -> [String: String] {
         guard n > 0 else { continue }
         let text = String(decoding: bytes[0..<n], as: UTF8.self)
         let name = String(decoding: (try? readAll("/proc/self/task/\(tid)/comm")) ?? [], as: UTF8.self).filter { $0 != "\n" }
-        if let line = text.split(separator: "\n").first(where: { $0.hasPrefix("SigBlk:") }) { masks[tid] = "\(name) \(line)" }
+        if let line = text.split(separator: "\n").first(where: { $0.hasPrefix("SigBlk:") }) {
+            masks["\(tid)@\(started)"] = "\(name) \(line)"
+        }
     }
     return masks
+}
+
+/// A thread's start time, in clock ticks after boot (field 22 of
+/// /proc/self/task/TID/stat, counted after the parenthesized name, which
+/// may hold spaces); nil if it has gone.
+private func threadStartTime(_ tid: String) -> String? {
+    guard let stat = procFileText("/proc/self/task/\(tid)/stat"), let close = stat.lastIndex(of: ")") else { return nil }
+    let fields = stat[stat.index(after: close)...].split(separator: " ")
+    // fields[0] is field 3 (the state): field 22 is fields[19].
+    return fields.count > 19 ? String(fields[19]) : nil
 }
 
 /// The calling thread's signal mask, as the bits of signals 1...64.
