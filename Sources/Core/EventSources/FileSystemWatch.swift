@@ -113,7 +113,8 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
         // Outside the lock: failing cancels, and cancelling stops; a loop
         // that cannot watch the instance fails its sources.
         switch outcome {
-        case .success(let registry): if case .loop(_, let modes) = placement { registry.attach(modes) }
+        case .success(let registry):
+            if case .loop(_, let modes) = placement, let failure = registry.attach(modes) { source.fail(failure) }
         case .failure(let error): source.fail(error)
         case nil: break
         }
@@ -207,6 +208,9 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
         /// its instance no more, and `loops` makes a new one for the loop's
         /// next source.
         private var ended = false
+        /// Why the loop could not watch the instance, once it could not: a
+        /// source that joins the registry before it ends fails with it too.
+        private var failure: EventSourceError?
         private var byWatch: [Int32: [FileSystemWatch]] = [:]
         /// Each registered watch's inotify watch descriptor in this
         /// registry's instance (a watch is in two registries for a moment
@@ -306,11 +310,13 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
         /// Has a loop's registry watch its instance in `modes` too (those
         /// of a source added to it). Outside every lock: a loop that cannot
         /// watch the instance fails the registry's sources, and failing
-        /// cancels them.
-        func attach(_ modes: [LoopMode]) {
-            guard case .loop(let loop) = place else { return }
-            let (source, missing): (LoopSource?, [LoopMode]) = lock.withLock {
-                guard !ended else { return (nil, []) }
+        /// cancels them. Returns the loop's refusal if it came before (the
+        /// caller fails its source with it).
+        func attach(_ modes: [LoopMode]) -> EventSourceError? {
+            guard case .loop(let loop) = place else { return nil }
+            let (source, missing, refusal): (LoopSource?, [LoopMode], EventSourceError?) = lock.withLock {
+                if let failure { return (nil, [], failure) }
+                guard !ended else { return (nil, [], nil) }
                 if loopSource == nil {
                     loopSource = LoopSource(
                         descriptor: loopDescriptor,
@@ -319,16 +325,19 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
                 }
                 let missing = modes.filter { !loopModes.contains($0) }
                 loopModes.formUnion(missing)
-                return (loopSource, missing)
+                return (loopSource, missing, nil)
             }
-            guard let source else { return }
-            for mode in missing { loop.add(source, forMode: mode) }
+            if let source { for mode in missing { loop.add(source, forMode: mode) } }
+            return refusal
         }
 
         /// The loop could not watch the instance: every source waiting here
         /// fails (with nothing to wait in, they would never hear of a change).
         private func failSources(_ error: EventSourceError) {
-            let sources = lock.withLock { byWatch.values.flatMap { $0 }.compactMap(\.source) }
+            let sources = lock.withLock {
+                failure = error
+                return byWatch.values.flatMap { $0 }.compactMap(\.source)
+            }
             for source in sources { source.fail(error) }
         }
 

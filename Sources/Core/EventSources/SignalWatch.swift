@@ -66,7 +66,7 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
     /// sources.
     private static func finish(_ outcome: Result<Registry.Attach, EventSourceError>?, for source: EventSource) {
         switch outcome {
-        case .success(let attach): attach.perform()
+        case .success(let attach): if let failure = attach.perform() { source.fail(failure) }
         case .failure(let error): source.fail(error)
         case nil: break
         }
@@ -196,13 +196,15 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
         /// A loop that waits for signal sources itself: its slot's eventfd,
         /// the descriptor source that watches it, the modes it is in.
         fileprivate final class Waiter: @unchecked Sendable {
-            // @unchecked: `source`, `modes` and `watches` are guarded by the
-            // registry's lock; the rest is immutable.
+            // @unchecked: `source`, `modes`, `failure` and `watches` are
+            // guarded by the registry's lock; the rest is immutable.
             let loop: ThreadLoop
             let slot: Int32
             let fd: Int32
             var source: LoopSource?
             var modes: Set<LoopMode> = []
+            /// Why the loop could not watch the eventfd, once it could not.
+            var failure: EventSourceError?
             /// The watches that wait here; the last to leave ends the waiter.
             var watches: [SignalWatch] = []
 
@@ -251,10 +253,16 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
             fileprivate var loop: ThreadLoop?
             fileprivate var source: LoopSource?
             fileprivate var modes: [LoopMode] = []
+            /// The loop's refusal to watch the waiter's eventfd, if it came
+            /// before this watch joined the waiter.
+            fileprivate var failure: EventSourceError?
 
-            func perform() {
-                guard let loop, let source else { return }
-                for mode in modes { loop.add(source, forMode: mode) }
+            /// Returns the loop's earlier refusal, which the caller fails
+            /// its source with.
+            func perform() -> EventSourceError? {
+                if let failure { return failure }
+                if let loop, let source { for mode in modes { loop.add(source, forMode: mode) } }
+                return nil
             }
         }
 
@@ -279,7 +287,7 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
                 }
                 guard let (found, missing) = try self.waiter(for: loop, modes: modes, reactor: reactor) else { return nil }
                 waiter = found
-                attach = Attach(loop: found.loop, source: found.source, modes: missing)
+                attach = Attach(loop: found.loop, source: found.source, modes: missing, failure: found.failure)
             }
             if seen == nil {
                 do throws(EventSourceError) {
@@ -350,7 +358,9 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
         /// (with nothing to wait in, they would never hear of a delivery).
         private func failSources(of waiter: Waiter, _ error: EventSourceError) {
             let sources = lock.withLock {
-                waiters[ObjectIdentifier(waiter.loop)] === waiter ? waiter.watches.compactMap(\.source) : []
+                guard waiters[ObjectIdentifier(waiter.loop)] === waiter else { return [EventSource]() }
+                waiter.failure = error
+                return waiter.watches.compactMap(\.source)
             }
             for source in sources { source.fail(error) }
         }
