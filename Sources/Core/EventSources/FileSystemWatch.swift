@@ -529,9 +529,6 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
             return source
         }
 
-        /// The loops with a registry of their own (a test's view).
-        var count: Int { lock.withLock { byLoop.count } }
-
         /// In the parent before `fork()`: uses the generic types
         /// `childAfterFork` uses, so that their metadata exists (a debug
         /// build makes it on first use, under a runtime lock that another
