@@ -361,31 +361,32 @@ private func signalSourceInAModeOfItsOwn() -> Int32 {
     return 0
 }
 
-/// How many of this process's descriptors are inotify instances.
-private func inotifyInstanceCount() -> Int {
-    guard let dir = opendir("/proc/self/fd") else { return -1 }
+/// The names in a directory of /proc/self ("." and ".." left out).
+private func procEntries(_ path: String) -> [String] {
+    guard let dir = opendir(path) else { return [] }
     defer { closedir(dir) }
-    var count = 0
+    var names: [String] = []
     while let entry = readdir(dir) {
         let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
+        if name != "." && name != ".." { names.append(name) }
+    }
+    return names
+}
+
+/// How many of this process's descriptors are inotify instances.
+private func inotifyInstanceCount() -> Int {
+    procEntries("/proc/self/fd").filter { fd in
         var buffer = [UInt8](repeating: 0, count: 256)
         let n = buffer.withUnsafeMutableBytes {
-            readlink("/proc/self/fd/\(name)", $0.baseAddress!.assumingMemoryBound(to: CChar.self), $0.count)
+            readlink("/proc/self/fd/\(fd)", $0.baseAddress!.assumingMemoryBound(to: CChar.self), $0.count)
         }
-        if n > 0 && String(decoding: buffer[0..<n], as: UTF8.self) == "anon_inode:inotify" { count += 1 }
-    }
-    return count
+        return n > 0 && String(decoding: buffer[0..<n], as: UTF8.self) == "anon_inode:inotify"
+    }.count
 }
 
 /// Whether the reactor thread ("spindle.events") runs in this process.
 private func reactorIsRunning() -> Bool {
-    guard let dir = opendir("/proc/self/task") else { return false }
-    defer { closedir(dir) }
-    while let entry = readdir(dir) {
-        let tid = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
-        if procFileText("/proc/self/task/\(tid)/comm")?.hasPrefix("spindle.events") == true { return true }
-    }
-    return false
+    procEntries("/proc/self/task").contains { procFileText("/proc/self/task/\($0)/comm")?.hasPrefix("spindle.events") == true }
 }
 
 /// `eachLoopWaitsForItsFileSystemSourcesUpToTheBoundThenTheReactor` in its
