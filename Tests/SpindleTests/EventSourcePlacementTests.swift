@@ -361,21 +361,9 @@ private func signalSourceInAModeOfItsOwn() -> Int32 {
     return 0
 }
 
-/// The names in a directory of /proc/self ("." and ".." left out).
-private func procEntries(_ path: String) -> [String] {
-    guard let dir = opendir(path) else { return [] }
-    defer { closedir(dir) }
-    var names: [String] = []
-    while let entry = readdir(dir) {
-        let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
-        if name != "." && name != ".." { names.append(name) }
-    }
-    return names
-}
-
 /// How many of this process's descriptors are inotify instances.
 private func inotifyInstanceCount() -> Int {
-    procEntries("/proc/self/fd").filter { fd in
+    directoryEntries("/proc/self/fd").filter { fd in
         var buffer = [UInt8](repeating: 0, count: 256)
         let n = buffer.withUnsafeMutableBytes {
             readlink("/proc/self/fd/\(fd)", $0.baseAddress!.assumingMemoryBound(to: CChar.self), $0.count)
@@ -386,7 +374,7 @@ private func inotifyInstanceCount() -> Int {
 
 /// Whether the reactor thread ("spindle.events") runs in this process.
 private func reactorIsRunning() -> Bool {
-    procEntries("/proc/self/task").contains { procFileText("/proc/self/task/\($0)/comm")?.hasPrefix("spindle.events") == true }
+    directoryEntries("/proc/self/task").contains { procFileText("/proc/self/task/\($0)/comm")?.hasPrefix("spindle.events") == true }
 }
 
 /// `eachLoopWaitsForItsFileSystemSourcesUpToTheBoundThenTheReactor` in its

@@ -36,15 +36,9 @@ private func check(_ condition: Bool, _ message: @autoclosure () -> String) {
 
 /// The names of this process's threads (/proc/self/task/*/comm).
 private func threadNames() -> [String] {
-    guard let dir = opendir("/proc/self/task") else { return [] }
-    defer { closedir(dir) }
-    var names: [String] = []
-    while let entry = readdir(dir) {
-        let tid = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
-        guard tid != ".", tid != ".." else { continue }
-        if let comm = procFileText("/proc/self/task/\(tid)/comm") { names.append(comm.filter { $0 != "\n" }) }
+    directoryEntries("/proc/self/task").compactMap { tid in
+        procFileText("/proc/self/task/\(tid)/comm")?.filter { $0 != "\n" }
     }
-    return names
 }
 
 private func stderrText(_ r: ExitTest.Result?) -> String {

@@ -60,18 +60,6 @@ private func eventually(seconds: Int, _ condition: () -> Bool) -> Bool {
     return true
 }
 
-/// The names in a /proc directory (without "." and "..").
-private func directoryEntries(_ path: String) -> [String] {
-    guard let dir = opendir(path) else { return [] }
-    defer { closedir(dir) }
-    var names: [String] = []
-    while let entry = readdir(dir) {
-        let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
-        if name != "." && name != ".." { names.append(name) }
-    }
-    return names
-}
-
 /// The bytes of a small file (a /proc entry).
 private func readAll(_ path: String, limit: Int = 4096) throws -> [UInt8] {
     let fd = open(path, O_RDONLY)

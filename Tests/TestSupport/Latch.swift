@@ -54,16 +54,22 @@ public final class Latch: @unchecked Sendable {
     }
 }
 
-/// The number of threads in this process (entries of /proc/self/task).
-public func processThreadCount() -> Int {
-    guard let dir = opendir("/proc/self/task") else { return -1 }
+/// The names in a directory (a /proc one, usually), without "." and "..";
+/// empty if it cannot be opened.
+public func directoryEntries(_ path: String) -> [String] {
+    guard let dir = opendir(path) else { return [] }
     defer { closedir(dir) }
-    var count = 0
+    var names: [String] = []
     while let entry = readdir(dir) {
         let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
-        if name != "." && name != ".." { count += 1 }
+        if name != "." && name != ".." { names.append(name) }
     }
-    return count
+    return names
+}
+
+/// The number of threads in this process (entries of /proc/self/task).
+public func processThreadCount() -> Int {
+    directoryEntries("/proc/self/task").count
 }
 
 /// This process's resident set size in bytes (/proc/self/statm).
