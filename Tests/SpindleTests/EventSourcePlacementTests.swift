@@ -185,6 +185,21 @@ struct EventSourcePlacementTests {
         }
     }
 
+    /// A loop that refuses to watch the descriptor its signal and file-system
+    /// sources wait on (a signal waiter's eventfd, its inotify instance)
+    /// fails those sources, with `.watchFailed` and their cancel handlers
+    /// run, on each backend; nothing is left behind: the loop's next
+    /// sources wait in it and get their events. (The refusal is arranged
+    /// with a regular file in place of the loop's descriptor, which both
+    /// backends refuse as always ready.)
+    @Test func aLoopThatCannotWatchFailsItsSignalAndFileSystemSources() async {
+        await #expect(processExitsWith: .success) {
+            unblockAllSignals()
+            armHangAlarm(seconds: 60)
+            exit(loopRefusingItsWatches())
+        }
+    }
+
     /// A process source: in the pool for a queue, in the loop's own backend
     /// for a loop (moved there before the child exits); the exit is
     /// reported once, on the loop, and the watch is then nowhere.
@@ -549,5 +564,63 @@ private func loopSourcesAcrossFork() -> Int32 {
     guard pwrite(fd, "p", 1, 2) == 1, raise(SIGUSR1) == 0 else { return 11 }
     guard eventually({ calls.withLock { $0.file > afterChild && $0.signal == 2 } }) else { return 12 }
     guard calls.withLock({ $0.elsewhere }) == 0 else { return 13 }
+    return 0
+}
+
+/// `aLoopThatCannotWatchFailsItsSignalAndFileSystemSources` in its own
+/// process: 0, or the failed check (10 and up for the first backend, 30
+/// and up for the second).
+private func loopRefusingItsWatches() -> Int32 {
+    signal(SIGUSR1, SIG_IGN)
+    let path = scratchPath("placement-refused")
+    guard writeFile(path, pattern(10)) else { return 2 }
+    defer { unlink(path) }
+    let fd = open(path, O_RDWR)
+    guard fd >= 0 else { return 3 }
+    defer { close(fd) }
+    // Always ready: both backends refuse to watch it.
+    let refused = open("/proc/self/exe", O_RDONLY | O_CLOEXEC)
+    guard refused >= 0 else { return 4 }
+    defer { close(refused) }
+    func isRefusal(_ failure: EventSourceError?) -> Bool {
+        if case .watchFailed(let error) = failure { return error.reason == .alwaysReady }
+        return false
+    }
+    for (k, kind) in availableBackends.enumerated() {
+        let base = Int32(10 + 20 * k)
+        guard let thread = try? LoopThread.start(name: "refused.watch", backend: kind) else { return base }
+        defer { thread.loop.stop(); _ = try? thread.join() }
+        let loop = thread.loop
+        let cancelled = LockedValue(0)
+        EventSource.setLoopWatchSubstitute(refused)
+        let file = try? EventSource.fileSystemObject(descriptor: fd, events: .write, on: .loop(loop))
+        let signal = try? EventSource.signal(SIGUSR1, on: .loop(loop))
+        guard let file, let signal else { EventSource.setLoopWatchSubstitute(nil); return base + 1 }
+        for source in [file, signal] {
+            source.setEventHandler { _ in }
+            source.setCancelHandler { _ in cancelled.withLock { $0 += 1 } }
+            source.activate()
+        }
+        EventSource.setLoopWatchSubstitute(nil)
+        guard eventually({ cancelled.withLock { $0 } == 2 }) else { return base + 2 }
+        guard file.isCancelled, isRefusal(file.failure) else { return base + 3 }
+        guard signal.isCancelled, isRefusal(signal.failure) else { return base + 4 }
+        guard file.watchPlacementName == nil, signal.watchPlacementName == nil else { return base + 5 }
+
+        // The loop's next sources wait in it, on its own descriptors.
+        let calls = LockedValue((file: 0, signal: UInt64(0)))
+        guard let nextFile = try? EventSource.fileSystemObject(descriptor: fd, events: .write, on: .loop(loop)),
+              let nextSignal = try? EventSource.signal(SIGUSR1, on: .loop(loop))
+        else { return base + 6 }
+        defer { nextFile.cancel(); nextSignal.cancel() }
+        nextFile.setEventHandler { s in if s.fileEvents.contains(.write) { calls.withLock { $0.file += 1 } } }
+        nextSignal.setEventHandler { s in calls.withLock { $0.signal += s.data } }
+        nextFile.activate()
+        nextSignal.activate()
+        guard nextFile.watchPlacementName == "loop", nextSignal.watchPlacementName == "loop" else { return base + 7 }
+        guard nextFile.failure == nil, nextSignal.failure == nil else { return base + 8 }
+        guard pwrite(fd, "a", 1, 0) == 1, raise(SIGUSR1) == 0 else { return base + 9 }
+        guard eventually({ calls.withLock { $0.file >= 1 && $0.signal == 1 } }) else { return base + 10 }
+    }
     return 0
 }

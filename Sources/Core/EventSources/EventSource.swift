@@ -499,6 +499,19 @@ public final class EventSource: @unchecked Sendable, CustomStringConvertible {
         FileSystemWatch.moveProbe.withLock { $0 = probe }
     }
 
+    /// Has the loops that next make a signal waiter or an inotify registry
+    /// of their own (not the reactor) watch `descriptor` in place of its
+    /// eventfd or instance (nil: their own again). A test's hook: given a descriptor a loop refuses (a
+    /// regular file: always ready), the loop's refusal must fail every
+    /// source waiting there, and those that join later.
+    package static func setLoopWatchSubstitute(_ descriptor: Int32?) {
+        loopWatchSubstitute.withLock { $0 = descriptor }
+    }
+
+    /// See `setLoopWatchSubstitute`; read only when a loop's signal waiter
+    /// or inotify registry makes its descriptor source.
+    static let loopWatchSubstitute = LockedValue<Int32?>(nil)
+
     /// Ends a registration or event call and submits the next one, if any.
     private func finishCall() {
         state.bitwiseAnd(~State.scheduled, ordering: .sequentiallyConsistent)

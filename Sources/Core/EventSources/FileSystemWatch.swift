@@ -319,7 +319,7 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
                 guard !ended else { return (nil, [], nil) }
                 if loopSource == nil {
                     loopSource = LoopSource(
-                        descriptor: loopDescriptor,
+                        descriptor: EventSource.loopWatchSubstitute.withLock { $0 } ?? loopDescriptor,
                         failed: { [weak self] _, error in self?.failSources(.watchFailed(error)) }
                     ) { [weak self] _, _ in self?.deliver() }
                 }

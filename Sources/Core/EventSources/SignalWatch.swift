@@ -335,8 +335,9 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
                 }
                 if slot != Self.reactorSlot { freeSlots.removeLast() }
                 waiter = Waiter(loop: target, slot: slot, fd: fd)
+                let substitute = slot == Self.reactorSlot ? nil : EventSource.loopWatchSubstitute.withLock { $0 }
                 waiter.source = LoopSource(
-                    descriptor: fd,
+                    descriptor: substitute ?? fd,
                     failed: { [unowned self, weak waiter] _, error in
                         if let waiter { self.failSources(of: waiter, .watchFailed(error)) }
                     }
