@@ -194,7 +194,8 @@ final class TimerQueue: PoolPoller.Timers, @unchecked Sendable {
     /// time, per element type (a forked child hung in `byDue.keepOnly`
     /// making `ByDue?` under the runtime's lock for optionals, which a
     /// parent thread held at the fork; found by a hang in a TSan pass,
-    /// 2026-11-28).
+    /// 2026-11-28). `MinHeap` calls only `Array`'s own members, so these
+    /// are all it looks up (`scripts/check-fork-metadata` checks it).
     static func prepareForFork() {
         ForkHandlers.makeMetadata(
             ByLatest?.self, ByDue?.self, MinHeap<ByLatest>.self, MinHeap<ByDue>.self,

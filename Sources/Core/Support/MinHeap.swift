@@ -16,11 +16,21 @@ extension HeapOrdered {
 /// and removal at a known index. Spindle's timer structure uses it: the pool
 /// poller's `TimerQueue`, which holds queue timer sources and
 /// `async(after:)` alike. Not thread-safe; its owner guards it.
+///
+/// Written with index loops and `Array`'s own members only (subscripts,
+/// `count`, `append`, `remove(at:)`), never a `Sequence` or `Collection`
+/// algorithm or an iterator: a forked child runs `keepOnly` first thing
+/// (`TimerQueue.childAfterFork`), and in a build without specialization
+/// those make type metadata or look up a conformance at run time for each
+/// element type, under Swift runtime locks that a parent thread may have
+/// held at the fork. Forked children hung in `keepOnly` twice in TSan passes
+/// (making `ByDue?` for its iterator, 2026-11-28; in `filter`, 2026-11-29),
+/// each time with a parent thread inside the runtime's lock.
 struct MinHeap<Element: HeapOrdered> {
     private var elements: [Element] = []
 
-    var first: Element? { elements.first }
-    var isEmpty: Bool { elements.isEmpty }
+    var first: Element? { elements.count == 0 ? nil : elements[0] }
+    var isEmpty: Bool { elements.count == 0 }
     var count: Int { elements.count }
 
     mutating func push(_ element: Element) {
@@ -37,7 +47,7 @@ struct MinHeap<Element: HeapOrdered> {
     /// `placed(at:)`). `index` must be in the heap.
     mutating func remove(at index: Int) -> Element {
         let removed = elements[index]
-        let last = elements.removeLast()
+        let last = elements.remove(at: elements.count - 1)
         removed.placed(at: -1)
         guard index < elements.count else { return removed }
         elements[index] = last
@@ -50,17 +60,49 @@ struct MinHeap<Element: HeapOrdered> {
         return removed
     }
 
-    /// Keeps only the elements for which `keep` is true, in heap order again.
+    /// Keeps only the elements for which `keep` is true, in heap order
+    /// again: in place, allocating nothing (the kept ones move down over
+    /// the dropped ones, then the heap is rebuilt bottom-up).
     mutating func keepOnly(_ keep: (Element) -> Bool) {
-        let kept = elements.filter(keep)
-        for element in elements { element.placed(at: -1) }
-        elements.removeAll(keepingCapacity: true)
-        for element in kept { push(element) }
+        var kept = 0
+        var i = 0
+        while i < elements.count {
+            let element = elements[i]
+            if keep(element) {
+                if kept != i { elements[kept] = element }
+                kept += 1
+            } else {
+                element.placed(at: -1)
+            }
+            i += 1
+        }
+        while elements.count > kept { _ = elements.remove(at: elements.count - 1) }
+        i = 0
+        while i < kept {
+            elements[i].placed(at: i)
+            i += 1
+        }
+        var parent = kept / 2 - 1
+        while parent >= 0 {
+            siftDown(parent)
+            parent -= 1
+        }
     }
 
     mutating func removeAll() {
-        for element in elements { element.placed(at: -1) }
-        elements.removeAll()
+        var i = 0
+        while i < elements.count {
+            elements[i].placed(at: -1)
+            i += 1
+        }
+        elements = []
+    }
+
+    /// Exchanges two elements (not `swapAt`: a `MutableCollection` method).
+    private mutating func exchange(_ i: Int, _ j: Int) {
+        let element = elements[i]
+        elements[i] = elements[j]
+        elements[j] = element
     }
 
     private mutating func siftUp(_ start: Int) {
@@ -68,7 +110,7 @@ struct MinHeap<Element: HeapOrdered> {
         while i > 0 {
             let parent = (i - 1) / 2
             guard elements[i].isBefore(elements[parent]) else { break }
-            elements.swapAt(i, parent)
+            exchange(i, parent)
             elements[i].placed(at: i)
             i = parent
         }
@@ -83,7 +125,7 @@ struct MinHeap<Element: HeapOrdered> {
             if left < elements.count && elements[left].isBefore(elements[smallest]) { smallest = left }
             if right < elements.count && elements[right].isBefore(elements[smallest]) { smallest = right }
             if smallest == i { break }
-            elements.swapAt(i, smallest)
+            exchange(i, smallest)
             elements[i].placed(at: i)
             i = smallest
         }
