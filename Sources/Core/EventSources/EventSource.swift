@@ -501,9 +501,9 @@ public final class EventSource: @unchecked Sendable, CustomStringConvertible {
 
     /// Has the loops that next make a signal waiter or an inotify registry
     /// of their own (not the reactor) watch `descriptor` in place of its
-    /// eventfd or instance (nil: their own again). A test's hook: given a descriptor a loop refuses (a
-    /// regular file: always ready), the loop's refusal must fail every
-    /// source waiting there, and those that join later.
+    /// eventfd or instance (nil: their own again). A test's hook: given a
+    /// descriptor a loop refuses (a regular file: always ready), the
+    /// loop's refusal must fail the sources waiting there.
     package static func setLoopWatchSubstitute(_ descriptor: Int32?) {
         loopWatchSubstitute.withLock { $0 = descriptor }
     }
