@@ -57,24 +57,40 @@ enum EventReactor {
     }
 
     /// The event sources' fork handlers (`ForkHandlers`), registered with
-    /// the first event source. In the parent: make every registry the child
-    /// handler resets, and the metadata of what it goes through. In the
+    /// the first event source. In the parent: `prepareForFork`. In the
     /// child: `childAfterFork`.
     static let forkHandlersRegistered: Void = {
         ForkHandlers.register(
             .eventSources,
-            prepare: {
-                _ = SignalWatch.Registry.observers
-                _ = SignalWatch.Registry.pool
-                SignalWatch.Registry.loops.prepareForFork()
-                _ = FileSystemWatch.Registry.pool
-                _ = FileSystemWatch.Registry.reactor
-                FileSystemWatch.Registry.loops.prepareForFork()
-                _ = TimerQueue.shared
-                _ = TimerWatch.WallClockRegistry.shared
-            },
+            prepare: { EventReactor.prepareForFork() },
             child: { _ in EventReactor.childAfterFork() })
     }()
+
+    /// In the parent, before `fork()`: makes every registry the child
+    /// handler resets, and the type metadata and conformances of the event
+    /// sources' code (this file's, the watches', `ProcessWideDescriptor`'s),
+    /// which the child handler and the child's first sources run: a build
+    /// without specialization makes them on first use, under Swift runtime
+    /// locks that another parent thread may hold at the fork
+    /// (`ForkHandlers.makeMetadata`; `scripts/check-fork-metadata` checks
+    /// that none is missing).
+    static func prepareForFork() {
+        _ = SignalWatch.Registry.observers
+        _ = SignalWatch.Registry.pool
+        SignalWatch.Registry.loops.prepareForFork()
+        _ = FileSystemWatch.Registry.pool
+        _ = FileSystemWatch.Registry.reactor
+        FileSystemWatch.Registry.loops.prepareForFork()
+        _ = TimerQueue.shared
+        _ = TimerWatch.WallClockRegistry.shared
+        SignalWatch.prepareForFork()
+        FileSystemWatch.prepareForFork()
+        TimerWatch.prepareForFork()
+        ForkHandlers.makeMetadata(ThreadLoop?.self)
+        ForkHandlers.makeConformance(error: EventSourceError.self)
+        ForkHandlers.makeConformance(described: NativeThreadError.self)
+        ForkHandlers.makeConformance(equatable: DescriptorWatchError.self)
+    }
 
     /// In a child after `fork()`: the reactor's thread is the parent's; the
     /// child's next source starts its own. The parent's loop object is left

@@ -549,3 +549,40 @@ final class FileSystemWatch: SourceWatch, @unchecked Sendable {
         }
     }
 }
+
+extension FileSystemWatch {
+    /// The generic types and conformances of this file's code, made in the
+    /// parent before `fork()` (see `EventReactor.prepareForFork`).
+    static func prepareForFork() {
+        ForkHandlers.makeMetadata(
+            LoopSource?.self, (LoopSource?, [LoopMode], EventSourceError?).self,
+            (EventSource, EventSource.FileEvents).self, [ObjectIdentifier: Registry].self,
+            [ObjectIdentifier: Registry].Values.Iterator.self, [Int32: [FileSystemWatch]].self,
+            [Int32: [FileSystemWatch]].Values.self, [ObjectIdentifier: Int32].self, (ObjectIdentifier, Registry).self,
+            (ObjectIdentifier, Int32).self, String?.self, [EventSource].self, [(EventSource, EventSource.FileEvents)].self,
+            [FileSystemWatch].self, [LoopMode].self, [Int32].self, (ended: Bool, source: LoopSource?).self,
+            Set<LoopMode>.self, IndexingIterator<[EventSource]>.self,
+            IndexingIterator<[(EventSource, EventSource.FileEvents)]>.self, IndexingIterator<[FileSystemWatch]>.self,
+            IndexingIterator<[LoopMode]>.self, Int32?.self, (Int32, [FileSystemWatch]).self,
+            Result<Registry, EventSourceError>?.self, (@Sendable () -> Void)?.self)
+        ForkHandlers.makeConformance(setAlgebra: EventSource.FileEvents.self)
+        ForkHandlers.makeConformance(optionSet: EventSource.FileEvents.self)
+        ForkHandlers.makeConformance(error: EventSourceError.self)
+        ForkHandlers.makeConformance(hashable: LoopMode.self)
+        ForkHandlers.makeConformance(sequence: [Int32: [FileSystemWatch]].Values.self)
+        ForkHandlers.makeConformance(collection: [EventSource].self)
+        ForkHandlers.makeConformance(collection: [(EventSource, EventSource.FileEvents)].self)
+        ForkHandlers.makeConformance(mutable: [FileSystemWatch].self)
+        ForkHandlers.makeConformance(sequence: [FileSystemWatch].self)
+        ForkHandlers.makeConformance(collection: [FileSystemWatch].self)
+        ForkHandlers.makeConformance(rangeReplaceable: [FileSystemWatch].self)
+        ForkHandlers.makeConformance(sequence: [LoopMode].self)
+        ForkHandlers.makeConformance(collection: [LoopMode].self)
+        // `filter` on the modes: its `_ArrayProtocol` conformance (a
+        // protocol the standard library does not let a module name).
+        _ = [LoopMode]().filter { _ in true }
+        ForkHandlers.makeConformance(bidirectional: [Int32].self)
+        ForkHandlers.makeConformance(rangeReplaceable: [Int32].self)
+        ForkHandlers.makeConformance(fixedWidthInteger: UInt64.self)
+    }
+}

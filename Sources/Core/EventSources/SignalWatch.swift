@@ -471,3 +471,37 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
         }
     }
 }
+
+extension SignalWatch {
+    /// The generic types and conformances of this file's code, made in the
+    /// parent before `fork()` (see `EventReactor.prepareForFork`).
+    static func prepareForFork() {
+        ForkHandlers.makeMetadata(
+            (EventSource, UInt64).self, Registry.Waiter?.self, [ObjectIdentifier: Registry.Waiter].self,
+            [ObjectIdentifier: Registry.Waiter].Values.Iterator.self, (ObjectIdentifier, Registry.Waiter).self,
+            [Int32: Int].self, (Int32, Int).self, String?.self, [EventSource].self, [(EventSource, UInt64)].self,
+            [SignalWatch].self, [LoopMode].self, [Int32].self, Set<LoopMode>.self, Range<Int32>.self,
+            IndexingIterator<[EventSource]>.self, IndexingIterator<[(EventSource, UInt64)]>.self,
+            IndexingIterator<[SignalWatch]>.self, IndexingIterator<[LoopMode]>.self,
+            IndexingIterator<Range<Int32>>.self, ReversedCollection<Range<Int32>>.self, Int32?.self,
+            Result<Registry.Attach, EventSourceError>?.self)
+        ForkHandlers.makeConformance(error: EventSourceError.self)
+        ForkHandlers.makeConformance(hashable: LoopMode.self)
+        ForkHandlers.makeConformance(signedInteger: Int.self)
+        ForkHandlers.makeConformance(collection: [EventSource].self)
+        ForkHandlers.makeConformance(collection: [(EventSource, UInt64)].self)
+        ForkHandlers.makeConformance(sequence: [SignalWatch].self)
+        ForkHandlers.makeConformance(collection: [SignalWatch].self)
+        ForkHandlers.makeConformance(sequence: [LoopMode].self)
+        ForkHandlers.makeConformance(collection: [LoopMode].self)
+        // `filter` on the modes: its `_ArrayProtocol` conformance (a
+        // protocol the standard library does not let a module name).
+        _ = [LoopMode]().filter { _ in true }
+        ForkHandlers.makeConformance(bidirectional: [Int32].self)
+        ForkHandlers.makeConformance(collection: [Int32].self)
+        ForkHandlers.makeConformance(rangeReplaceable: [Int32].self)
+        ForkHandlers.makeConformance(bidirectional: Range<Int32>.self)
+        ForkHandlers.makeConformance(collection: Range<Int32>.self)
+        ForkHandlers.makeConformance(sequence: ReversedCollection<Range<Int32>>.self)
+    }
+}

@@ -151,6 +151,29 @@ final class TimerWatch: SourceWatch, TimerQueue.Owner, @unchecked Sendable {
     // MARK: Firing
 
     /// What a firing found.
+    /// The generic types and conformances of this file's code, made in the
+    /// parent before `fork()` (see `EventReactor.prepareForFork`).
+    static func prepareForFork() {
+        ForkHandlers.makeMetadata(
+            EventSource?.self, LoopTimer?.self, [ObjectIdentifier: TimerWatch].Values.self,
+            [ObjectIdentifier: TimerWatch].self, (ObjectIdentifier, TimerWatch).self, [TimerWatch].self,
+            [LoopMode].self, (arming: Int, at: WatchPlacement, old: LoopTimer?)?.self,
+            (arming: Int, at: WatchPlacement)?.self, Int?.self, IndexingIterator<[TimerWatch]>.self,
+            IndexingIterator<[LoopMode]>.self, (due: Int64, latest: Int64)?.self, Int64?.self,
+            (UInt64, EventSource?, Bool).self, (UInt64, Bool).self, Duration?.self)
+        ForkHandlers.makeConformance(hashable: Firing.self)
+        ForkHandlers.makeConformance(equatable: Firing.self)
+        ForkHandlers.makeConformance(error: EventSourceError.self)
+        ForkHandlers.makeConformance(binaryInteger: Int.self)
+        ForkHandlers.makeConformance(sequence: [ObjectIdentifier: TimerWatch].Values.self)
+        ForkHandlers.makeConformance(collection: [TimerWatch].self)
+        ForkHandlers.makeConformance(collection: [LoopMode].self)
+        ForkHandlers.makeConformance(binaryInteger: Int32.self)
+        ForkHandlers.makeConformance(binaryInteger: Int64.self)
+        ForkHandlers.makeConformance(binaryInteger: Int128.self)
+        ForkHandlers.makeConformance(fixedWidthInteger: UInt64.self)
+    }
+
     private enum Firing {
         /// Of an older arming, or after `stop`: nothing.
         case stale

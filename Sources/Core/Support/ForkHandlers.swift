@@ -154,6 +154,7 @@ enum ForkHandlers {
     @inline(never) static func makeConformance<T: MutableCollection>(mutable type: T.Type) {}
     @inline(never) static func makeConformance<T: RangeReplaceableCollection>(rangeReplaceable type: T.Type) {}
     @inline(never) static func makeConformance<T: BinaryInteger>(binaryInteger type: T.Type) {}
+    @inline(never) static func makeConformance<T: SignedInteger>(signedInteger type: T.Type) {}
     @inline(never) static func makeConformance<T: FixedWidthInteger>(fixedWidthInteger type: T.Type) {}
     @inline(never) static func makeConformance<T: RangeExpression>(rangeExpression type: T.Type) {}
     @inline(never) static func makeConformance<T: SetAlgebra>(setAlgebra type: T.Type) {}
