@@ -140,7 +140,7 @@ private func currentThreadNames() -> [String] {
 }
 
 /// `aQueueOnlyProgramRunsNoReactorThread` in its own process: 0, or the
-/// number of the check that failed.
+/// number of the check that failed (20 and up: sources that never called).
 private func queueSourcesWithoutTheReactor() -> Int32 {
     let queue = WorkQueue(label: "poller.queueOnly")
     // Which sources have called their handlers (the read source's calls
@@ -186,7 +186,10 @@ private func queueSourcesWithoutTheReactor() -> Int32 {
             // A child stuck in the fork handlers would keep the exit
             // test's pipes open, and the run would wait for it forever.
             kill(child, SIGKILL)
-            return 10
+            // 20 + which sources never called (1 read, 2 timer, 4 signal,
+            // 8 process, 16 file).
+            let missing = (0..<sources.count).reduce(0) { mask, i in fired.withLock { $0.contains(i) } ? mask : mask | 1 << i }
+            return Int32(20 + missing)
         }
         usleep(1_000)
     }

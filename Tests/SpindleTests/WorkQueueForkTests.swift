@@ -55,6 +55,113 @@ struct WorkQueueForkTests {
             exit(forkWhileOtherThreadsSubmit())
         }
     }
+
+    /// Forks 300 times while another thread makes new generic type metadata
+    /// without pause (so the Swift runtime's locks for optionals' and
+    /// arrays' metadata are often held at the fork), with queue timers and
+    /// a delayed submission in the timer heap and event sources of every
+    /// kind made: each child runs Spindle's fork handlers (the pools', the
+    /// timer heap's, the event sources') and exits. A handler that makes
+    /// metadata the parent did not make waits forever for a lock whose
+    /// owner does not exist in the child; a child not gone after 10 s fails
+    /// the test (it is killed). Tried: a handler made to make one new type
+    /// hung children within a few forks.
+    @Test func forkHandlersFinishWhileAnotherThreadMakesTypeMetadata() async {
+        await #expect(processExitsWith: .success) {
+            armHangAlarm(seconds: 240)
+            exit(forkWhileMakingMetadata())
+        }
+    }
+}
+
+/// Two wrappers whose nestings spell a number in binary: every number is a
+/// type no code has made yet.
+private struct Zero<T> {}
+private struct One<T> {}
+
+/// Makes `[T?]` for the type `bits` levels of `Zero`/`One` around `T` that
+/// spells `number`: new metadata for the nesting's deepest levels, and a
+/// new optional and array each time.
+@inline(never)
+private func makeNewTypes<T>(_ number: UInt64, bits: Int, _ type: T.Type) -> Int {
+    if bits == 0 {
+        let made: [T?] = [nil]
+        return made.count
+    }
+    return number & 1 == 0
+        ? makeNewTypes(number >> 1, bits: bits - 1, Zero<T>.self)
+        : makeNewTypes(number >> 1, bits: bits - 1, One<T>.self)
+}
+
+/// `forkHandlersFinishWhileAnotherThreadMakesTypeMetadata` in its own
+/// process: 0, or the failed check (10: a child hung, and was killed).
+private func forkWhileMakingMetadata() -> Int32 {
+    signal(SIGUSR2, SIG_IGN)
+    let queue = WorkQueue(label: "fork.metadata")
+    var sources: [EventSource] = []
+    defer { for source in sources { source.cancel() } }
+    // The timer heap's two heaps hold entries; a signal, a file-system and
+    // a process-less set of registries exist on the pool and on a loop.
+    let timer = EventSource.timer(start: .monotonic(MonotonicClock.now.advanced(by: .seconds(3600))), interval: .seconds(3600), on: .queue(queue))
+    timer.setEventHandler { _ in }
+    timer.activate()
+    sources.append(timer)
+    queue.async(after: .seconds(3600)) {}
+    guard let loop = try? LoopThread.start(name: "fork.metadata") else { return 2 }
+    defer { loop.loop.stop(); _ = try? loop.join() }
+    let path = scratchPath("fork-metadata")
+    guard writeFile(path, pattern(4)) else { return 3 }
+    defer { unlink(path) }
+    let fd = open(path, O_RDWR)
+    guard fd >= 0 else { return 4 }
+    defer { close(fd) }
+    for target in [EventSource.Target.queue(queue), .loop(loop.loop)] {
+        guard let signal = try? EventSource.signal(SIGUSR2, on: target),
+              let file = try? EventSource.fileSystemObject(descriptor: fd, events: .write, on: target)
+        else { return 5 }
+        for source in [signal, file] {
+            source.setEventHandler { _ in }
+            source.activate()
+            sources.append(source)
+        }
+    }
+
+    let running = LockedValue(true)
+    let made = LockedValue(0)
+    guard let maker = try? NativeThread.start({ () -> Void in
+        var number: UInt64 = 0
+        while running.withLock({ $0 }) {
+            number += 1
+            _ = makeNewTypes(number, bits: 24, Int.self)
+            made.withLock { $0 += 1 }
+        }
+    }) else { return 6 }
+    // Until the maker is making types.
+    while made.withLock({ $0 }) < 100 { usleep(1_000) }
+
+    defer {
+        running.withLock { $0 = false }
+        _ = try? maker.join()
+    }
+    for round in 0..<300 {
+        let child = fork()
+        if child == 0 { _exit(0) }
+        guard child > 0 else { return 7 }
+        var status: Int32 = 0
+        let deadline = MonotonicClock.now.advanced(by: .seconds(10))
+        while waitpid(child, &status, WNOHANG) == 0 {
+            if MonotonicClock.now >= deadline {
+                // Stuck in a fork handler: killed, so that it does not keep
+                // the exit test's pipes open.
+                kill(child, SIGKILL)
+                _ = waitpid(child, &status, 0)
+                print("child \(round) was still in the fork handlers after 10 s (\(made.withLock { $0 }) type sets made)")
+                return 10
+            }
+            usleep(1_000)
+        }
+    }
+    return 0
 }
 
 /// Returns 0 when the child and the parent passed, else the number of the

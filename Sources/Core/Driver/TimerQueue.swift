@@ -212,6 +212,22 @@ final class TimerQueue: PoolPoller.Timers, @unchecked Sendable {
         // hung there in a TSan pass, 2026-11-28).
         ForkHandlers.makeConformance(randomAccess: [ByLatest].self)
         ForkHandlers.makeConformance(randomAccess: [ByDue].self)
+        // And the heaps' code that `childAfterFork` runs, run here on two
+        // heaps of four slots of its own (keeping every other one), so that
+        // each run-time lookup it makes has been made, from the same code,
+        // in the parent just before the fork.
+        var latest = MinHeap<ByLatest>()
+        var due = MinHeap<ByDue>()
+        for _ in 0..<4 {
+            let slot = Slot()
+            latest.push(ByLatest(slot: slot))
+            due.push(ByDue(slot: slot))
+        }
+        var keep = false
+        latest.keepOnly { _ in keep.toggle(); return keep }
+        due.keepOnly { _ in keep.toggle(); return keep }
+        latest.removeAll()
+        due.removeAll()
     }
 
     /// In a child after `fork()`: the parent's timer sources are not the

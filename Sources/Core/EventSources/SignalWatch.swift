@@ -184,9 +184,14 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
         /// process: a waiter that ends leaves its descriptor to the slot's
         /// next waiter, so that no descriptor closes while a loop may still
         /// be taking its watch of it down.
-        private var slotDescriptors = [Int32](repeating: -1, count: Int(CSHIMS_SIGNAL_WATCH_SLOTS))
+        private var slotDescriptors = Registry.noSlotDescriptors
         /// The loops' slots no waiter uses.
-        private var freeSlots = Array((2..<CSHIMS_SIGNAL_WATCH_SLOTS).reversed())
+        private var freeSlots = Registry.allLoopSlots
+        /// The slots' descriptors and free list as a registry starts, made
+        /// once: a child after `fork()` takes copies (no allocation, no
+        /// generic code of the standard library's in the fork handler).
+        private static let noSlotDescriptors = [Int32](repeating: -1, count: Int(CSHIMS_SIGNAL_WATCH_SLOTS))
+        private static let allLoopSlots = Array((2..<CSHIMS_SIGNAL_WATCH_SLOTS).reversed())
         /// The pool's watches (the pool's registry only; a loop's are its
         /// waiter's).
         private var poolWatches: [SignalWatch] = []
@@ -463,8 +468,8 @@ final class SignalWatch: SourceWatch, @unchecked Sendable {
                 EventSourceCalls.setSignalEventfd(slot: Self.poolSlot, -1)
             } else {
                 for slot in 1..<CSHIMS_SIGNAL_WATCH_SLOTS { EventSourceCalls.setSignalEventfd(slot: slot, -1) }
-                slotDescriptors = [Int32](repeating: -1, count: Int(CSHIMS_SIGNAL_WATCH_SLOTS))
-                freeSlots = Array((2..<CSHIMS_SIGNAL_WATCH_SLOTS).reversed())
+                slotDescriptors = Self.noSlotDescriptors
+                freeSlots = Self.allLoopSlots
             }
             waiters = [:]
             poolWatches = []

@@ -44,10 +44,13 @@ import Glibc
 /// process). Nor may it make type metadata or look up a conformance: those
 /// take the Swift runtime's locks, which a parent thread may have held at
 /// the fork and nobody releases in the child. So `prepare` makes, in the
-/// parent, what the child handler would (the lazy globals, and the generic
-/// code of `WorkerPool.childAfterFork` run on nothing). The same limit
-/// holds for any Swift code the child runs later, which Spindle cannot
-/// lift.
+/// parent, what the child handler would: the runtime's caches of the
+/// standard library's generic types (`makeRuntimeCaches`), the lazy
+/// globals, the generic types and conformances of each layer's code
+/// (`makeMetadata`, `makeConformance`; `scripts/check-fork-metadata`
+/// checks them), and the generic code of `WorkerPool.childAfterFork` and
+/// the timer heap's, run on nothing. The same limit holds for any Swift
+/// code the child runs later, which Spindle cannot lift.
 enum ForkHandlers {
     /// When a layer's handlers run: the layers' order, from the bottom up.
     enum Stage: Int, Sendable {
@@ -184,6 +187,7 @@ enum ForkHandlers {
     private static let prepared = Atomic<Unmanaged<List>?>(nil)
 
     private static func prepare() {
+        makeRuntimeCaches(CacheProbe(), CacheProbeObject())
         // Until no prepare handler registers another layer's handlers (a
         // layer's prepare may make the first object of a layer below).
         var done: Unmanaged<List>?
@@ -200,6 +204,43 @@ enum ForkHandlers {
         }
         prepared.store(done, ordering: .relaxed)
     }
+
+    /// The Swift runtime keeps a metadata cache per generic type (one for
+    /// every `Optional<T>`, one for every `Array<T>`, ...), set up the first
+    /// time code asks it for an instance of that type by its arguments, as
+    /// unspecialized generic code does; a process whose code has so far used
+    /// only instances made in advance (specialized code, a module's own
+    /// prespecialized ones) sets it up late, under a lock held while it
+    /// does. A child forked while another parent thread set one up waits
+    /// forever the first time it needs that type, whatever instance (seen,
+    /// 2026-11-29: a child in `SignalWatch`'s handler, making `freeSlots`,
+    /// on `Optional`'s cache; and one in `TimerQueue`'s, on `Array`'s). So
+    /// every `prepare` goes through the caches of the standard library's
+    /// generic types that Spindle's child code uses: the first time sets
+    /// them up (waiting for a thread that is setting one up), after that it
+    /// finds them (no lock). The entries the child looks up are made by each
+    /// layer's warm-up (`makeMetadata`).
+    @inline(never)
+    @_semantics("optimize.sil.specialize.generic.never")
+    private static func makeRuntimeCaches<T: Hashable, Object: AnyObject>(_ value: T, _ object: Object) {
+        var array = [value]
+        array.append(value)
+        var copied = Array(array.reversed())
+        copied.swapAt(0, 1)
+        for element in array.indices.reversed() { _ = copied[element] }
+        let optional: T? = array.first
+        let dictionary = [value: array]
+        for (key, values) in dictionary where key == optional { _ = values.count }
+        _ = dictionary.values.first
+        _ = Set(array).first
+        _ = ContiguousArray(array)[...].first
+        _ = Result<T, Never>.success(value)
+        _ = Unmanaged.passUnretained(object)
+        _ = [object].first
+    }
+
+    private struct CacheProbe: Hashable {}
+    private final class CacheProbeObject {}
 
     private static func child() {
         // First: everything below, and every queue from now on, is of the
