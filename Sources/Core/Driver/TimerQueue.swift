@@ -1,3 +1,5 @@
+import Synchronization
+
 /// The timers of the standard pool's poller: the timer sources whose
 /// handlers run on work queues and the units submitted with
 /// `WorkQueue.async(after:)` (and the global executor's timed jobs), in one
@@ -196,6 +198,9 @@ final class TimerQueue: PoolPoller.Timers, @unchecked Sendable {
     /// parent thread held at the fork; found by a hang in a TSan pass,
     /// 2026-11-28). `MinHeap` calls only `Array`'s own members, so these
     /// are all it looks up (`scripts/check-fork-metadata` checks it).
+    /// Whether `prepareForFork` has run the heaps' code in this process.
+    private static let heapCodeRun = Atomic<Bool>(false)
+
     static func prepareForFork() {
         ForkHandlers.makeMetadata(
             ByLatest?.self, ByDue?.self, MinHeap<ByLatest>.self, MinHeap<ByDue>.self,
@@ -215,7 +220,9 @@ final class TimerQueue: PoolPoller.Timers, @unchecked Sendable {
         // And the heaps' code that `childAfterFork` runs, run here on two
         // heaps of four slots of its own (keeping every other one), so that
         // each run-time lookup it makes has been made, from the same code,
-        // in the parent just before the fork.
+        // in the parent before the fork: once per process (what it made
+        // stays made).
+        guard !heapCodeRun.exchange(true, ordering: .acquiringAndReleasing) else { return }
         var latest = MinHeap<ByLatest>()
         var due = MinHeap<ByDue>()
         for _ in 0..<4 {

@@ -187,7 +187,11 @@ enum ForkHandlers {
     private static let prepared = Atomic<Unmanaged<List>?>(nil)
 
     private static func prepare() {
-        makeRuntimeCaches(CacheProbe(), CacheProbeObject())
+        // Once per process: a cache once set up stays so (in children too).
+        if !runtimeCachesMade.load(ordering: .acquiring) {
+            makeRuntimeCaches(CacheProbe(), CacheProbeObject())
+            runtimeCachesMade.store(true, ordering: .releasing)
+        }
         // Until no prepare handler registers another layer's handlers (a
         // layer's prepare may make the first object of a layer below).
         var done: Unmanaged<List>?
@@ -215,11 +219,11 @@ enum ForkHandlers {
     /// forever the first time it needs that type, whatever instance (seen,
     /// 2026-11-29: a child in `SignalWatch`'s handler, making `freeSlots`,
     /// on `Optional`'s cache; and one in `TimerQueue`'s, on `Array`'s). So
-    /// every `prepare` goes through the caches of the standard library's
-    /// generic types that Spindle's child code uses: the first time sets
-    /// them up (waiting for a thread that is setting one up), after that it
-    /// finds them (no lock). The entries the child looks up are made by each
-    /// layer's warm-up (`makeMetadata`).
+    /// the first `prepare` of the process goes through the caches of the
+    /// standard library's generic types that Spindle's child code uses,
+    /// setting them up (waiting for a thread that is setting one up); a
+    /// cache set up stays so. The entries the child looks up are made by
+    /// each layer's warm-up (`makeMetadata`).
     @inline(never)
     @_semantics("optimize.sil.specialize.generic.never")
     private static func makeRuntimeCaches<T: Hashable, Object: AnyObject>(_ value: T, _ object: Object) {
@@ -238,6 +242,10 @@ enum ForkHandlers {
         _ = Unmanaged.passUnretained(object)
         _ = [object].first
     }
+
+    /// Whether `makeRuntimeCaches` has run in this process (or before the
+    /// fork that made it).
+    private static let runtimeCachesMade = Atomic<Bool>(false)
 
     private struct CacheProbe: Hashable {}
     private final class CacheProbeObject {}
