@@ -58,14 +58,14 @@ struct WorkQueueForkTests {
 
     /// Forks 300 times while another thread makes new generic type metadata
     /// without pause (so the Swift runtime's locks for optionals' and
-    /// arrays' metadata are often held at the fork), with queue timers and
-    /// a delayed submission in the timer heap and event sources of every
-    /// kind made: each child runs Spindle's fork handlers (the pools', the
-    /// timer heap's, the event sources') and exits. A handler that makes
-    /// metadata the parent did not make waits forever for a lock whose
-    /// owner does not exist in the child; a child not gone after 10 s fails
-    /// the test (it is killed). Tried: a handler made to make one new type
-    /// hung children within a few forks.
+    /// arrays' metadata are often held at the fork), with a queue timer and
+    /// a delayed submission in the timer heap, and signal and file-system
+    /// sources on a queue and on a loop: each child runs Spindle's fork
+    /// handlers (the pools', the timer heap's, the event sources') and
+    /// exits. A handler that makes metadata the parent did not make waits
+    /// forever for a lock whose owner does not exist in the child; a child
+    /// not gone after 10 s fails the test (it is killed). Tried: with the
+    /// timer heap's handler made to make one new type, 3 runs of 3 failed.
     @Test func forkHandlersFinishWhileAnotherThreadMakesTypeMetadata() async {
         await #expect(processExitsWith: .success) {
             armHangAlarm(seconds: 240)
@@ -100,8 +100,8 @@ private func forkWhileMakingMetadata() -> Int32 {
     let queue = WorkQueue(label: "fork.metadata")
     var sources: [EventSource] = []
     defer { for source in sources { source.cancel() } }
-    // The timer heap's two heaps hold entries; a signal, a file-system and
-    // a process-less set of registries exist on the pool and on a loop.
+    // Entries in both of the timer heap's heaps; the signal and
+    // file-system registries of the pool and of a loop in use.
     let timer = EventSource.timer(start: .monotonic(MonotonicClock.now.advanced(by: .seconds(3600))), interval: .seconds(3600), on: .queue(queue))
     timer.setEventHandler { _ in }
     timer.activate()

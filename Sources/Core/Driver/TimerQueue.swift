@@ -189,6 +189,9 @@ final class TimerQueue: PoolPoller.Timers, @unchecked Sendable {
         return true
     }
 
+    /// Whether `prepareForFork` has run the heaps' code in this process.
+    private static let heapCodeRun = Atomic<Bool>(false)
+
     /// In the parent, before `fork()`: the generic types of the heap's code
     /// (`ForkHandlers.makeMetadata`). Both heaps' element types, their
     /// optionals, arrays and iterators: `childAfterFork` runs `MinHeap`'s
@@ -198,9 +201,6 @@ final class TimerQueue: PoolPoller.Timers, @unchecked Sendable {
     /// parent thread held at the fork; found by a hang in a TSan pass,
     /// 2026-11-28). `MinHeap` calls only `Array`'s own members, so these
     /// are all it looks up (`scripts/check-fork-metadata` checks it).
-    /// Whether `prepareForFork` has run the heaps' code in this process.
-    private static let heapCodeRun = Atomic<Bool>(false)
-
     static func prepareForFork() {
         ForkHandlers.makeMetadata(
             ByLatest?.self, ByDue?.self, MinHeap<ByLatest>.self, MinHeap<ByDue>.self,

@@ -148,9 +148,8 @@ final class TimerWatch: SourceWatch, TimerQueue.Owner, @unchecked Sendable {
         }
     }
 
-    // MARK: Firing
+    // MARK: Fork
 
-    /// What a firing found.
     /// The generic types and conformances of this file's code, made in the
     /// parent before `fork()` (see `EventReactor.prepareForFork`).
     static func prepareForFork() {
@@ -174,6 +173,9 @@ final class TimerWatch: SourceWatch, TimerQueue.Owner, @unchecked Sendable {
         ForkHandlers.makeConformance(fixedWidthInteger: UInt64.self)
     }
 
+    // MARK: Firing
+
+    /// What a firing found.
     private enum Firing {
         /// Of an older arming, or after `stop`: nothing.
         case stale
