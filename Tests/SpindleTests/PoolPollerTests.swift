@@ -180,18 +180,14 @@ private func queueSourcesWithoutTheReactor() -> Int32 {
     guard write(pair[1], "x", 1) == 1 else { return 7 }
     guard kill(getpid(), SIGUSR2) == 0 else { return 8 }
     guard write(file, "x", 1) == 1 else { return 9 }
-    let deadline = MonotonicClock.now.advanced(by: .seconds(20))
-    while fired.withLock({ $0.count }) < sources.count {
-        if MonotonicClock.now >= deadline {
-            // A child stuck in the fork handlers would keep the exit
-            // test's pipes open, and the run would wait for it forever.
-            kill(child, SIGKILL)
-            // 20 + which sources never called (1 read, 2 timer, 4 signal,
-            // 8 process, 16 file).
-            let missing = (0..<sources.count).reduce(0) { mask, i in fired.withLock { $0.contains(i) } ? mask : mask | 1 << i }
-            return Int32(20 + missing)
-        }
-        usleep(1_000)
+    guard eventually(seconds: 20, { fired.withLock { $0.count } == sources.count }) else {
+        // A child stuck in the fork handlers would keep the exit test's
+        // pipes open, and the run would wait for it forever.
+        kill(child, SIGKILL)
+        // 20 + which sources never called (1 read, 2 timer, 4 signal,
+        // 8 process, 16 file).
+        let missing = (0..<sources.count).reduce(0) { mask, i in fired.withLock { $0.contains(i) } ? mask : mask | 1 << i }
+        return Int32(20 + missing)
     }
     var status: Int32 = 0
     guard waitpid(child, &status, 0) == child else { return 13 }

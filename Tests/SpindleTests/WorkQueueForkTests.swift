@@ -148,17 +148,13 @@ private func forkWhileMakingMetadata() -> Int32 {
         if child == 0 { _exit(0) }
         guard child > 0 else { return 7 }
         var status: Int32 = 0
-        let deadline = MonotonicClock.now.advanced(by: .seconds(10))
-        while waitpid(child, &status, WNOHANG) == 0 {
-            if MonotonicClock.now >= deadline {
-                // Stuck in a fork handler: killed, so that it does not keep
-                // the exit test's pipes open.
-                kill(child, SIGKILL)
-                _ = waitpid(child, &status, 0)
-                print("child \(round) was still in the fork handlers after 10 s (\(made.withLock { $0 }) type sets made)")
-                return 10
-            }
-            usleep(1_000)
+        guard eventually(seconds: 10, { waitpid(child, &status, WNOHANG) != 0 }) else {
+            // Stuck in a fork handler: killed, so that it does not keep the
+            // exit test's pipes open.
+            kill(child, SIGKILL)
+            _ = waitpid(child, &status, 0)
+            print("child \(round) was still in the fork handlers after 10 s (\(made.withLock { $0 }) type sets made)")
+            return 10
         }
     }
     return 0
